@@ -1,0 +1,11 @@
+"""Will patch plain PyTorch CUDA calls (torch.cuda, devices, NCCL). Hook implementations only."""
+
+from __future__ import annotations
+
+from ascend_patch_core import hookimpl
+
+
+@hookimpl
+def register_patches() -> list[object]:
+    # Patches arrive with the plugin's own issue; an empty list keeps the plugin discoverable.
+    return []
