@@ -1,8 +1,109 @@
-"""ascend_patch_core: lazy, reversible runtime patches for moving CUDA-era PyTorch code to Ascend NPUs."""
+"""ascend_patch_core: lazy, reversible runtime patches for moving CUDA-era PyTorch code to Ascend NPUs.
+
+Apply every installed plugin's patches::
+
+    import ascend_patch_core
+    ascend_patch_core.apply()
+
+or compose patches yourself, in the style of the DrivingSDK patcher::
+
+    from ascend_patch_core import default_patcher, Patch, AtomicPatch, with_imports
+    default_patcher.add(MyPatch)
+    default_patcher.apply()
+
+Importing this package imports no torch and no target library; ``apply()`` neither.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from ._env import EnvSetting
+from ._errors import ImportRuleError
+from ._errors import PatchConflictError
+from ._errors import PatchDefinitionError
+from ._errors import PatchError
+from ._errors import PluginError
+from ._errors import StubUsageError
 from ._hookspecs import hookimpl
+from ._legacy import PatcherBuilder
+from ._patch import AtomicPatch
+from ._patch import LegacyPatch
+from ._patch import ModuleHook
+from ._patch import Patch
+from ._patcher import Patcher
+from ._report import Provenance
+from ._report import Record
+from ._report import Report
+from ._report import Status
+from ._rules import ImportRule
+from ._rules import InjectImport
+from ._rules import ReplaceImport
+from ._rules import SkipImport
+from ._stubs import is_stub
+from ._with_imports import with_imports
 
 
-__all__ = ["hookimpl"]
+__all__ = [
+    "AtomicPatch",
+    "EnvSetting",
+    "ImportRule",
+    "ImportRuleError",
+    "InjectImport",
+    "LegacyPatch",
+    "ModuleHook",
+    "Patch",
+    "PatchConflictError",
+    "PatchDefinitionError",
+    "PatchError",
+    "Patcher",
+    "PatcherBuilder",
+    "PluginError",
+    "Provenance",
+    "Record",
+    "ReplaceImport",
+    "Report",
+    "SkipImport",
+    "Status",
+    "StubUsageError",
+    "apply",
+    "default_patcher",
+    "hookimpl",
+    "is_stub",
+    "revert",
+    "with_imports",
+]
+
+#: The patcher holding the default patches of every installed plugin, plus what you add.
+default_patcher = Patcher(autoload=True)
+
+
+def apply(
+    *,
+    disable: str | Iterable[str] | None = None,
+    plugins: str | Iterable[str] | None = None,
+    autoload: bool | None = None,
+    strict: bool | None = None,
+) -> Report:
+    """Apply :data:`default_patcher`: every installed plugin, plus what was added to it.
+
+    The keyword arguments are the API form of the environment switches and add to
+    them: ``disable`` (``ASCEND_PATCH_DISABLE``), ``plugins`` (``ASCEND_PATCH_PLUGINS``),
+    ``autoload`` (``ASCEND_PATCH_AUTOLOAD``), ``strict`` (``ASCEND_PATCH_STRICT``).
+    Returns the live :class:`Report`. A second call returns the same report.
+    """
+    default_patcher.select_plugins(disable=disable, plugins=plugins, autoload=autoload, strict=strict)
+    return default_patcher.apply()
+
+
+def revert() -> Report:
+    """Undo everything :func:`apply` did."""
+    return default_patcher.revert()
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("ascend-patch-core")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

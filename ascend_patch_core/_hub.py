@@ -1,0 +1,305 @@
+"""The one ``sys.meta_path`` finder: post-import callbacks and modules served by rules.
+
+Keyed by exact module names, so an import that no patch or rule names costs one
+dict lookup (and one set lookup when pattern or subtree rules exist). The finder is
+inserted when the first watch or rule is registered and removed when the last is
+gone, so a fully reverted process has no trace of it.
+
+Lessons kept from wrapt and ddtrace: callbacks run after the module body, outside
+the hub's lock (wrapt#217); the real spec is found by asking the other finders on
+``sys.meta_path`` directly, never by re-entering ``importlib.util.find_spec``
+(dd-trace-py#17742); the real loader is put back on the module after execution so
+``__loader__`` users such as importlib.resources see the original (wrapt#221).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+import types
+import warnings
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import Protocol
+
+from ._errors import PatchError
+
+
+__all__ = ["ImportHub", "ServedModule", "hub"]
+
+Callback = Callable[[types.ModuleType], None]
+
+
+class ServedModule(Protocol):
+    """What an import rule gives the hub: a way to build the module it serves."""
+
+    def build(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> types.ModuleType: ...
+
+    def is_package(self, fullname: str) -> bool: ...
+
+    def origin(self, fullname: str) -> str: ...
+
+    def served(self, fullname: str, module: types.ModuleType) -> None: ...
+
+
+class _Watch:
+    __slots__ = ("callback", "module")
+
+    def __init__(self, module: str, callback: Callback) -> None:
+        self.module = module
+        self.callback = callback
+
+
+class _PatternWatch:
+    __slots__ = ("callback", "pattern", "root")
+
+    def __init__(self, pattern: str, callback: Callback) -> None:
+        self.pattern = pattern
+        self.root = pattern.partition(".")[0]
+        self.callback = callback
+
+
+class _NotifyingLoader(importlib.abc.Loader):
+    """Runs the real loader, then the hub's callbacks for the module."""
+
+    def __init__(self, loader: Any, hub: ImportHub) -> None:
+        self._loader = loader
+        self._hub = hub
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        loader = self._loader
+        spec = getattr(module, "__spec__", None)
+        if hasattr(loader, "exec_module"):
+            loader.exec_module(module)
+        else:  # pragma: no cover - legacy PEP 302 loaders
+            loader.load_module(module.__name__)
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = loader
+        if spec is not None and spec.loader is self:
+            spec.loader = loader
+        name = module.__name__
+        # A module may put another object in sys.modules while it runs (transformers'
+        # _LazyModule does); importlib returns that object, so the callbacks see it too.
+        self._hub.notify(name, sys.modules.get(name, module))
+
+    def __getattr__(self, name: str) -> Any:
+        # get_code, get_source, get_resource_reader, is_package ... stay the real loader's.
+        return getattr(self._loader, name)
+
+
+class _RuleLoader(importlib.abc.Loader):
+    """Builds a module from an import rule; the original module is never executed."""
+
+    def __init__(self, rule: ServedModule, hub: ImportHub) -> None:
+        self._rule = rule
+        self._hub = hub
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self._rule.build(spec.name, spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        name = module.__spec__.name if module.__spec__ is not None else module.__name__
+        final = sys.modules.get(name, module)
+        replacement = getattr(module, "__ascend_patch_alias__", None)
+        if replacement is not None:
+            # The rule serves an existing module object: importlib returns whatever is
+            # in sys.modules after exec, so the alias is swapped in here, untouched.
+            sys.modules[name] = replacement
+            final = replacement
+        self._rule.served(name, final)
+        self._hub.notify(name, final)
+
+
+class ImportHub(importlib.abc.MetaPathFinder):
+    """Process-wide registry of post-import callbacks and served modules."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._watches: dict[str, list[_Watch]] = {}
+        self._patterns: list[_PatternWatch] = []
+        self._served: dict[str, ServedModule] = {}
+        self._served_trees: dict[str, ServedModule] = {}
+        #: Root package names for which a subtree rule or pattern exists.
+        self._roots: frozenset[str] = frozenset()
+
+    # -- registration -------------------------------------------------------------
+
+    def watch(self, module: str, callback: Callback) -> _Watch:
+        """Call ``callback(module)`` once, right after ``module`` is next imported."""
+        handle = _Watch(module, callback)
+        with self._lock:
+            self._watches.setdefault(module, []).append(handle)
+            self._ensure_installed()
+        return handle
+
+    def watch_pattern(self, pattern: str, callback: Callback) -> _PatternWatch:
+        """Call ``callback(module)`` after every import of a module matching ``pattern``."""
+        if pattern.partition(".")[0] in ("", "*") or any(c in pattern.partition(".")[0] for c in "*?["):
+            raise ValueError(f"module pattern {pattern!r} must start with a literal package name")
+        handle = _PatternWatch(pattern, callback)
+        with self._lock:
+            self._patterns.append(handle)
+            self._recompute_roots()
+            self._ensure_installed()
+        return handle
+
+    def unwatch(self, handle: _Watch | _PatternWatch) -> None:
+        with self._lock:
+            if isinstance(handle, _PatternWatch):
+                if handle in self._patterns:
+                    self._patterns.remove(handle)
+                    self._recompute_roots()
+            else:
+                handles = self._watches.get(handle.module)
+                if handles and handle in handles:
+                    handles.remove(handle)
+                    if not handles:
+                        del self._watches[handle.module]
+            self._maybe_uninstall()
+
+    def serve(self, module: str, rule: ServedModule, *, subtree: bool = False) -> None:
+        """Serve imports of ``module`` (and, with ``subtree``, of its submodules) from ``rule``."""
+        with self._lock:
+            self._served[module] = rule
+            if subtree:
+                self._served_trees[module] = rule
+                self._recompute_roots()
+            self._ensure_installed()
+
+    def unserve(self, module: str, rule: ServedModule) -> None:
+        with self._lock:
+            if self._served.get(module) is rule:
+                del self._served[module]
+            if self._served_trees.get(module) is rule:
+                del self._served_trees[module]
+                self._recompute_roots()
+            self._maybe_uninstall()
+
+    def serves(self, fullname: str) -> bool:
+        return self._rule_for(fullname) is not None
+
+    def matching_patterns(self, fullname: str) -> list[_PatternWatch]:
+        return [p for p in self._patterns if fnmatch.fnmatchcase(fullname, p.pattern)]
+
+    # -- the finder ---------------------------------------------------------------
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        rule = self._served.get(fullname)
+        if rule is None and self._roots and fullname.partition(".")[0] in self._roots:
+            rule = self._rule_for(fullname)
+            watched = rule is None and (fullname in self._watches or bool(self.matching_patterns(fullname)))
+        else:
+            watched = rule is None and fullname in self._watches
+        if rule is not None:
+            return importlib.machinery.ModuleSpec(
+                fullname,
+                _RuleLoader(rule, self),
+                origin=rule.origin(fullname),
+                is_package=rule.is_package(fullname),
+            )
+        if not watched:
+            return None
+        spec = self._find_real_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _NotifyingLoader(spec.loader, self)
+        return spec
+
+    def _find_real_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        for finder in list(sys.meta_path):
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                return spec  # type: ignore[no-any-return]
+        return None
+
+    def invalidate_caches(self) -> None:
+        """Nothing is cached here; present for the finder protocol."""
+
+    # -- notification -------------------------------------------------------------
+
+    def notify(self, name: str, module: types.ModuleType) -> None:
+        """Run the callbacks waiting for ``name``. Called after its body has run."""
+        with self._lock:
+            handles = self._watches.pop(name, [])
+            patterns = self.matching_patterns(name) if self._patterns else []
+            self._maybe_uninstall()
+        errors: list[PatchError] = []
+        for handle in [*handles, *patterns]:
+            try:
+                handle.callback(module)
+            except PatchError as exc:  # strict mode: surfaced to the importer
+                errors.append(exc)
+            except Exception as exc:  # a core bug must not break the user's import
+                warnings.warn(
+                    f"ascend-patch: internal error after importing {name}: {exc!r}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        if errors:
+            raise errors[0]
+
+    # -- internals ----------------------------------------------------------------
+
+    def _rule_for(self, fullname: str) -> ServedModule | None:
+        rule = self._served.get(fullname)
+        if rule is not None:
+            return rule
+        if not self._served_trees:
+            return None
+        name = fullname
+        while "." in name:
+            name = name.rpartition(".")[0]
+            rule = self._served_trees.get(name)
+            if rule is not None:
+                return rule
+        return None
+
+    def _recompute_roots(self) -> None:
+        roots = {name.partition(".")[0] for name in self._served_trees}
+        roots.update(p.root for p in self._patterns)
+        self._roots = frozenset(roots)
+
+    def _ensure_installed(self) -> None:
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def _maybe_uninstall(self) -> None:
+        if not (self._watches or self._patterns or self._served) and self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+    @property
+    def installed(self) -> bool:
+        return self in sys.meta_path
+
+    def __repr__(self) -> str:
+        return (
+            f"<ascend_patch ImportHub watches={sum(map(len, self._watches.values()))}"
+            f" patterns={len(self._patterns)} served={len(self._served)}>"
+        )
+
+
+#: The single hub of this process.
+hub = ImportHub()

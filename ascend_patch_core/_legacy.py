@@ -1,0 +1,88 @@
+"""The seed's 1.0 API: ``PatcherBuilder`` and function-style ``Patch(func, options)``.
+
+Kept so 1.0 migrations run unchanged::
+
+    builder = PatcherBuilder().add_module_patch("mmcv", Patch(msda), Patch(dc)).brake_at(1000)
+    with builder.build():
+        main()
+
+A 1.0 patch function that a plugin ships for a 2.0 group carries
+``__ascend_patch_group__ = TheGroup``; the builder then uses the group's declarative,
+reversible patches instead of running the function. (The seed matched built-in
+functions by ``__name__``, so a user's own function called ``index`` was silently
+swapped for the built-in one.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._patch import LegacyPatch
+from ._patch import Patch
+from ._patcher import Patcher
+
+
+__all__ = ["PatcherBuilder"]
+
+
+class PatcherBuilder:
+    """Builds a :class:`Patcher` from 1.0-style module patches."""
+
+    __module__ = "ascend_patch_core"
+
+    def __init__(self) -> None:
+        self._module_patches: list[tuple[str, LegacyPatch]] = []
+        self._disabled: list[str] = []
+        self._profiling: dict[str, Any] | None = None
+        self._brake_step: int | None = None
+
+    def add_module_patch(self, module_name: str, *patches: LegacyPatch) -> PatcherBuilder:
+        for patch in patches:
+            if not isinstance(patch, LegacyPatch):
+                raise TypeError(f"add_module_patch takes Patch(func, options) objects, got {patch!r}")
+            self._module_patches.append((module_name, patch))
+        return self
+
+    def disable_patches(self, *names: str) -> PatcherBuilder:
+        self._disabled.extend(names)
+        return self
+
+    def with_profiling(
+        self,
+        path: str,
+        level: int = 0,
+        skip_first: int = 20,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 1,
+        repeat: int = 1,
+    ) -> PatcherBuilder:
+        self._profiling = {
+            "path": path, "level": level, "skip_first": skip_first,
+            "wait": wait, "warmup": warmup, "active": active, "repeat": repeat,
+        }
+        return self
+
+    def brake_at(self, step: int) -> PatcherBuilder:
+        self._brake_step = step
+        return self
+
+    def build(self, allow_internal_format: bool | None = None) -> Patcher:
+        """Return a new, unapplied :class:`Patcher` holding these patches (in priority order)."""
+        patcher = Patcher()
+        ordered = sorted(self._module_patches, key=lambda mp: mp[1].priority)
+        for module_name, patch in ordered:
+            group = getattr(patch.func, "__ascend_patch_group__", None)
+            if isinstance(group, type) and issubclass(group, Patch):
+                patcher.add(group, options=patch.options)
+            else:
+                patcher.add(patch.bound_to(module_name))
+        if self._disabled:
+            patcher.disable(*self._disabled)
+        if self._profiling is not None:
+            patcher.with_profiling(**self._profiling)
+        if self._brake_step is not None:
+            patcher.brake_at(self._brake_step)
+        if allow_internal_format is not None:
+            patcher.allow_internal_format(allow_internal_format)
+        return patcher

@@ -1,0 +1,255 @@
+"""Declarations: AtomicPatch (one target), Patch (a named group), ModuleHook, LegacyPatch.
+
+Declaring a patch does nothing: no import, no resolution. A Patcher decides when.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
+from typing import ClassVar
+from typing import Union
+
+from ._errors import PatchDefinitionError
+from ._target import TargetPath
+
+
+__all__ = [
+    "AtomicPatch",
+    "LegacyPatch",
+    "ModuleHook",
+    "Patch",
+    "PatchLike",
+    "normalize_requires",
+]
+
+
+def normalize_requires(requires: str | Sequence[str] | None, where: str) -> tuple[str, ...]:
+    """Requirement strings, each 'dist SPEC' or alternatives 'a SPEC | b SPEC'."""
+    if requires is None:
+        return ()
+    if isinstance(requires, str):
+        items: tuple[str, ...] = (requires,)
+    elif isinstance(requires, (list, tuple)) and all(isinstance(r, str) for r in requires):
+        items = tuple(requires)
+    else:
+        raise PatchDefinitionError(f"{where}: requires must be a string or a sequence of strings, got {requires!r}")
+    for item in items:
+        if not item.strip() or any(not alt.strip() for alt in item.split("|")):
+            raise PatchDefinitionError(f"{where}: empty requirement in {requires!r}")
+    return items
+
+
+def _names(value: str | Sequence[str] | None, what: str, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise PatchDefinitionError(f"{where}: {what} must be a string or a sequence of strings, got {value!r}")
+
+
+def _check_callable(value: object, what: str, where: str) -> None:
+    if value is not None and not callable(value):
+        raise PatchDefinitionError(f"{where}: {what} must be callable, got {value!r}")
+
+
+class AtomicPatch:
+    """Replace one target (and its aliases) with a replacement.
+
+    :param target: dotted path of the slot to replace; see :mod:`ascend_patch_core` docs.
+    :param replacement: the object to install, or a dotted string (``"pkg.mod:func"``
+        or ``"pkg.mod.func"``) resolved when the target is installed.
+    :param aliases: other paths bound to the same object (re-exports); each is
+        patched when its module is imported, and reported on its own.
+    :param precheck: called right before installation (after the target module is
+        imported); False skips the patch with its reason, an exception fails it. It may
+        take any of the keyword arguments ``target``, ``replacement``, ``aliases``,
+        ``original``.
+    :param runtime_check: ``check(*args, **kwargs)``; per call, a falsy result or an
+        exception runs the original instead of the replacement.
+    :param replacement_wrapper: ``wrapper(replacement) -> object`` applied to the resolved replacement.
+    :param target_wrapper: ``wrapper(original) -> object``; used when no replacement is given.
+    :param requires: distribution constraints checked from metadata before anything
+        is imported, e.g. ``"mmcv>=2.0,<2.3 | mmcv-lite>=2.0,<2.3"``.
+    :param after: names of patches (or groups) that must be applied first.
+    :param after_import: modules that must be imported before this patch is applied
+        (for registry entries filled by another module).
+    :param create: allow the target slot not to exist yet (registry entries); revert removes it.
+    :param rebind: rebind modules that hold the original (``from x import f`` made
+        before apply); ``None`` follows the patcher's ``rebind_stale`` setting.
+    :param name: the patch's name; defaults to the target path.
+    """
+
+    __module__ = "ascend_patch_core"
+
+    def __init__(
+        self,
+        target: str,
+        replacement: Any = None,
+        *,
+        aliases: str | Sequence[str] = (),
+        precheck: Callable[..., object] | None = None,
+        runtime_check: Callable[..., object] | None = None,
+        replacement_wrapper: Callable[[Any], Any] | None = None,
+        target_wrapper: Callable[[Any], Any] | None = None,
+        requires: str | Sequence[str] | None = None,
+        after: str | Sequence[str] = (),
+        after_import: str | Sequence[str] = (),
+        create: bool = False,
+        rebind: bool | None = None,
+        name: str | None = None,
+    ) -> None:
+        where = f"AtomicPatch({target!r})"
+        self.path = TargetPath.parse(target)
+        self.target = target
+        if replacement is None and target_wrapper is None:
+            raise PatchDefinitionError(f"{where}: give a replacement or a target_wrapper")
+        _check_callable(precheck, "precheck", where)
+        _check_callable(runtime_check, "runtime_check", where)
+        _check_callable(replacement_wrapper, "replacement_wrapper", where)
+        _check_callable(target_wrapper, "target_wrapper", where)
+        self.replacement = replacement
+        self.alias_paths = tuple(TargetPath.parse(a) for a in _names(aliases, "aliases", where))
+        self.aliases = tuple(p.text for p in self.alias_paths)
+        if target in self.aliases:
+            raise PatchDefinitionError(f"{where}: the target is listed among its own aliases")
+        self.precheck = precheck
+        self.runtime_check = runtime_check
+        self.replacement_wrapper = replacement_wrapper
+        self.target_wrapper = target_wrapper
+        self.requires = normalize_requires(requires, where)
+        self.after = _names(after, "after", where)
+        self.after_import = _names(after_import, "after_import", where)
+        self.create = bool(create)
+        self.rebind = rebind
+        self.name = name or target
+
+    def __repr__(self) -> str:
+        return f"AtomicPatch({self.target!r})"
+
+    def call_precheck(self, original: Any) -> object:
+        """Call the precheck with the keyword arguments it declares."""
+        assert self.precheck is not None
+        try:
+            parameters = inspect.signature(self.precheck).parameters
+        except (TypeError, ValueError):
+            return self.precheck()
+        offered = {
+            "target": self.target,
+            "replacement": self.replacement,
+            "aliases": self.aliases,
+            "original": original,
+            "replacement_wrapper": self.replacement_wrapper,
+            "target_wrapper": self.target_wrapper,
+        }
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return self.precheck(**offered)
+        return self.precheck(**{k: v for k, v in offered.items() if k in parameters})
+
+
+class ModuleHook:
+    """Patches discovered when a module is imported.
+
+    ``callback(module)`` runs after every import of a module whose name matches
+    ``pattern`` (``fnmatch`` syntax, e.g. ``"transformers.models.*.modeling_*"``) and
+    returns the :class:`AtomicPatch` es to apply to it, for instance every RMSNorm
+    class it finds. Modules already imported when the hook is applied are visited at once.
+    """
+
+    __module__ = "ascend_patch_core"
+
+    def __init__(
+        self,
+        pattern: str,
+        callback: Callable[[Any], Iterable[AtomicPatch] | None],
+        *,
+        name: str | None = None,
+        requires: str | Sequence[str] | None = None,
+    ) -> None:
+        where = f"ModuleHook({pattern!r})"
+        if not isinstance(pattern, str) or not pattern or any(c in pattern.partition(".")[0] for c in "*?["):
+            raise PatchDefinitionError(f"{where}: the pattern must start with a literal package name")
+        _check_callable(callback, "callback", where)
+        self.pattern = pattern
+        self.callback = callback
+        self.name = name or getattr(callback, "__name__", pattern)
+        self.requires = normalize_requires(requires, where)
+
+    def __repr__(self) -> str:
+        return f"ModuleHook({self.pattern!r}, name={self.name!r})"
+
+
+class LegacyPatch:
+    """A 1.0-style patch function ``func(module, options)`` run when ``target_module`` is imported.
+
+    Kept for the seed's 1.0 API. It cannot be reverted exactly (the function may
+    change anything); revert() reports it as such.
+    """
+
+    __module__ = "ascend_patch_core"
+
+    def __init__(
+        self,
+        func: Callable[[Any, Any], object],
+        options: Any = None,
+        *,
+        target_module: str | None = None,
+        priority: int = 0,
+    ) -> None:
+        if not callable(func):
+            raise PatchDefinitionError(f"LegacyPatch: {func!r} is not callable")
+        self.func = func
+        self.options = options
+        self.target_module = target_module
+        self.priority = priority
+        self.name = str(getattr(func, "__patch_name__", None) or getattr(func, "__name__", repr(func)))
+
+    def bound_to(self, module: str) -> LegacyPatch:
+        return LegacyPatch(self.func, self.options, target_module=module, priority=self.priority)
+
+    def __repr__(self) -> str:
+        return f"LegacyPatch({self.name!r}, target_module={self.target_module!r})"
+
+
+class _PatchMeta(type):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        # 1.0 compatibility: Patch(func, options) declares a function-style patch.
+        if cls is Patch and args and callable(args[0]) and not isinstance(args[0], type):
+            return LegacyPatch(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class Patch(metaclass=_PatchMeta):
+    """A named group of patches. Subclass it and implement :meth:`patches`.
+
+    Class attributes: ``name`` (defaults to the class name), ``conflicts_with`` (names
+    of groups that must not be enabled together with this one), ``requires``
+    (constraints applied to every patch of the group), ``after`` (groups or patches
+    to apply first), ``legacy_name`` (the 1.0 function name).
+    """
+
+    __module__ = "ascend_patch_core"
+
+    name: ClassVar[str] = "Patch"
+    conflicts_with: ClassVar[Sequence[str]] = ()
+    requires: ClassVar[str | Sequence[str] | None] = None
+    after: ClassVar[Sequence[str]] = ()
+    legacy_name: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterable[AtomicPatch | ModuleHook]:
+        """Return this group's patches. ``options`` is what was passed to ``add()``."""
+        raise NotImplementedError(f"{cls.__qualname__}.patches() is not implemented")
+
+
+PatchLike = Union[type[Patch], AtomicPatch, ModuleHook, LegacyPatch]

@@ -1,0 +1,303 @@
+"""Plugin discovery and isolation: one loop over the ``ascend_patch`` entry points.
+
+pluggy supplies the hook specs, markers, registration and validation. What it does
+not supply, and this module adds (ecosystem notes §1.5, §5): one plugin's failure --
+a broken import, a raising hook, an invalid return value, an unknown hook -- is
+reported with its distribution, version, entry point and file, and the others still
+apply; plugins are ordered by entry-point name, not by ``sys.path`` order; unknown
+names in the disable and allow lists are reported rather than silently accepted.
+
+Hooks are called one implementation at a time (rather than through
+``pm.hook.<name>()``) because pluggy stops at the first raising implementation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import types
+from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+from . import _hookspecs
+from ._env import EnvSetting
+from ._env import normalize_env
+from ._metadata import EntryPointInfo
+from ._metadata import MetadataCache
+from ._metadata import normalize_name
+from ._patch import AtomicPatch
+from ._patch import LegacyPatch
+from ._patch import ModuleHook
+from ._patch import Patch
+from ._patch import PatchLike
+from ._report import Provenance
+from ._report import Record
+from ._report import Status
+from ._rules import ImportRule
+
+
+__all__ = ["HOOK_NAMES", "LoadedPlugin", "PluginSelection", "load_plugins"]
+
+HOOK_NAMES = ("configure_env", "register_import_rules", "register_patches")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _split_names(value: str | Iterable[str] | None) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return frozenset(i.strip() for i in items if i and i.strip())
+
+
+@dataclass(frozen=True)
+class PluginSelection:
+    """Which plugins load. Built from the environment, overridable in the API.
+
+    * ``disable`` -- ``ASCEND_PATCH_DISABLE``: entry-point or distribution names; ``*`` = all.
+    * ``allow`` -- ``ASCEND_PATCH_PLUGINS``: if set, only these load.
+    * ``autoload`` -- ``ASCEND_PATCH_AUTOLOAD=0`` turns discovery off; plugins named in
+      ``allow`` still load (the pytest ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` model).
+    * ``strict`` -- ``ASCEND_PATCH_STRICT=1``: any failure raises.
+    """
+
+    disable: frozenset[str] = frozenset()
+    allow: frozenset[str] | None = None
+    autoload: bool = True
+    strict: bool = False
+    #: Plugin objects registered directly (tests, embedding applications): (name, object).
+    extra: tuple[tuple[str, object], ...] = ()
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        disable: str | Iterable[str] | None = None,
+        plugins: str | Iterable[str] | None = None,
+        autoload: bool | None = None,
+        strict: bool | None = None,
+        extra: Sequence[tuple[str, object]] = (),
+        environ: os._Environ[str] | dict[str, str] | None = None,
+    ) -> PluginSelection:
+        env = os.environ if environ is None else environ
+        env_disable = _split_names(env.get("ASCEND_PATCH_DISABLE"))
+        env_allow = env.get("ASCEND_PATCH_PLUGINS")
+        allow: frozenset[str] | None
+        if plugins is not None:
+            allow = _split_names(plugins)
+        elif env_allow is not None and env_allow.strip():
+            allow = _split_names(env_allow)
+        else:
+            allow = None
+        if autoload is None:
+            autoload = env.get("ASCEND_PATCH_AUTOLOAD", "1").strip().lower() not in _FALSE
+        if strict is None:
+            strict = env.get("ASCEND_PATCH_STRICT", "0").strip().lower() not in _FALSE
+        return cls(
+            disable=env_disable | _split_names(disable),
+            allow=allow,
+            autoload=autoload,
+            strict=strict,
+            extra=tuple(extra),
+        )
+
+
+@dataclass
+class LoadedPlugin:
+    name: str
+    provenance: Provenance
+    record: Record
+    env: list[EnvSetting] = field(default_factory=list)
+    rules: list[ImportRule] = field(default_factory=list)
+    patches: list[PatchLike] = field(default_factory=list)
+
+
+def _names_of(info: EntryPointInfo) -> set[str]:
+    return {info.name, normalize_name(info.distribution)}
+
+
+def _is_patch_like(item: object) -> bool:
+    return (isinstance(item, type) and issubclass(item, Patch) and item is not Patch) or isinstance(
+        item, (AtomicPatch, ModuleHook, LegacyPatch)
+    )
+
+
+def _describe_import_failure(info: EntryPointInfo, exc: BaseException) -> str:
+    if isinstance(exc, ModuleNotFoundError) and exc.name and (
+        info.module == exc.name or info.module.startswith(exc.name + ".")
+    ):
+        return (
+            f"its module {info.module!r} does not exist; reinstall {info.distribution}"
+            f" or fix the entry point '{info.name} = {info.value}'"
+        )
+    return f"importing {info.value!r} raised {type(exc).__name__}: {exc}"
+
+
+def load_plugins(
+    selection: PluginSelection,
+    cache: MetadataCache,
+) -> tuple[list[LoadedPlugin], list[Record], list[str]]:
+    """Discover, load and call every selected plugin, each in isolation.
+
+    Returns the healthy plugins with their declarations, a record per plugin
+    (including broken and disabled ones), and warnings.
+    """
+    import pluggy
+
+    records: list[Record] = []
+    warnings: list[str] = []
+    loaded: list[LoadedPlugin] = []
+    pm = pluggy.PluginManager(_hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(_hookspecs)
+
+    infos: list[EntryPointInfo] = []
+    if selection.autoload or selection.allow:
+        infos = cache.entry_points(_hookspecs.PROJECT_NAME)
+    known: set[str] = set()
+    for info in infos:
+        known |= _names_of(info)
+    known |= {name for name, _ in selection.extra}
+    for label, names in (("ASCEND_PATCH_DISABLE", selection.disable), ("ASCEND_PATCH_PLUGINS", selection.allow)):
+        unknown = sorted(n for n in names or () if n != "*" and n not in known and normalize_name(n) not in known)
+        for name in unknown:
+            hint = difflib.get_close_matches(name, sorted(known), n=1)
+            warnings.append(
+                f"{label} names {name!r}, which is not an installed plugin"
+                + (f" (did you mean {hint[0]!r}?)" if hint else f" (installed: {', '.join(sorted(known)) or 'none'})")
+            )
+
+    candidates: list[tuple[str, Provenance, EntryPointInfo | None, object | None]] = []
+    for info in infos:
+        prov = Provenance(info.name, info.distribution, info.version, f"{info.name} = {info.value}", None)
+        candidates.append((info.name, prov, info, None))
+    for name, obj in selection.extra:
+        prov = Provenance(name, None, None, None, getattr(obj, "__file__", None))
+        candidates.append((name, prov, None, obj))
+
+    disabled_all = "*" in selection.disable
+    normalized_disable = {normalize_name(n) for n in selection.disable} | set(selection.disable)
+    normalized_allow = None if selection.allow is None else (
+        {normalize_name(n) for n in selection.allow} | set(selection.allow)
+    )
+    for name, prov, info, obj in candidates:
+        names = _names_of(info) if info is not None else {name}
+        record = Record("plugin", name, prov.entry_point or name, provenance=prov)
+        records.append(record)
+        if disabled_all or names & normalized_disable:
+            record.set(Status.SKIPPED, "disabled by ASCEND_PATCH_DISABLE" if info else "disabled")
+            continue
+        if normalized_allow is not None and info is not None and not names & normalized_allow:
+            record.set(Status.SKIPPED, "not in ASCEND_PATCH_PLUGINS")
+            continue
+        if info is not None and not selection.autoload and normalized_allow is None:
+            record.set(Status.SKIPPED, "ASCEND_PATCH_AUTOLOAD=0")
+            continue
+        plugin = _load_one(pm, name, prov, info, obj, record)
+        if plugin is not None:
+            loaded.append(plugin)
+    return loaded, records, warnings
+
+
+def _fail(record: Record, reason: str) -> None:
+    prov = record.provenance
+    where = f"plugin {record.name!r}"
+    if prov.distribution:
+        where += f" from {prov.distribution} {prov.version}"
+    if prov.file:
+        where += f" ({prov.file})"
+    record.set(Status.FAILED, f"{where}: {reason}")
+
+
+def _load_one(
+    pm: Any,
+    name: str,
+    prov: Provenance,
+    info: EntryPointInfo | None,
+    obj: object | None,
+    record: Record,
+) -> LoadedPlugin | None:
+    if obj is None:
+        assert info is not None
+        try:
+            obj = info.load()
+        except Exception as exc:
+            _fail(record, _describe_import_failure(info, exc))
+            return None
+    file = getattr(obj, "__file__", None) or getattr(getattr(obj, "__class__", None), "__module__", None)
+    prov = Provenance(prov.plugin, prov.distribution, prov.version, prov.entry_point, file)
+    record.provenance = prov
+
+    marker = f"{_hookspecs.PROJECT_NAME}_impl"
+    attributes = vars(obj) if isinstance(obj, types.ModuleType) else {a: getattr(obj, a, None) for a in dir(obj)}
+    for attr, value in sorted(attributes.items()):
+        if attr.startswith("__"):
+            continue
+        if getattr(value, marker, None) is not None and attr not in HOOK_NAMES:
+            hint = difflib.get_close_matches(attr, HOOK_NAMES, n=1)
+            _fail(
+                record,
+                f"implements unknown hook {attr!r}"
+                + (f"; did you mean {hint[0]!r}?" if hint else f"; known hooks: {', '.join(HOOK_NAMES)}"),
+            )
+            return None
+        if attr in HOOK_NAMES and callable(value) and getattr(value, marker, None) is None:
+            record.warnings.append(f"{attr} is not marked with @hookimpl and is ignored")
+    try:
+        pm.register(obj, name=name)
+    except Exception as exc:
+        _fail(record, f"invalid hook implementation: {exc}")
+        return None
+
+    plugin = LoadedPlugin(name, prov, record)
+    try:
+        for hook_name in HOOK_NAMES:
+            hook = getattr(pm.hook, hook_name)
+            for impl in hook.get_hookimpls():
+                if impl.plugin is not obj:
+                    continue
+                try:
+                    result = impl.function()
+                except Exception as exc:
+                    raise _HookFailure(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
+                _collect(plugin, hook_name, result)
+    except _HookFailure as exc:
+        pm.unregister(obj)
+        _fail(record, str(exc))
+        return None
+    n = len(plugin.patches)
+    record.set(Status.APPLIED, f"{n} patch declaration{'s' if n != 1 else ''}, {len(plugin.rules)} import rules")
+    return plugin
+
+
+class _HookFailure(Exception):
+    pass
+
+
+def _collect(plugin: LoadedPlugin, hook_name: str, result: object) -> None:
+    if hook_name == "configure_env":
+        try:
+            plugin.env.extend(normalize_env(result))
+        except Exception as exc:
+            raise _HookFailure(f"configure_env returned an invalid value: {exc}") from exc
+        return
+    if result is None:
+        return
+    if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
+        raise _HookFailure(f"{hook_name} returned {type(result).__name__}; expected a list")
+    items = list(result)
+    if hook_name == "register_import_rules":
+        bad = [i for i in items if not isinstance(i, ImportRule)]
+        if bad:
+            raise _HookFailure(
+                f"register_import_rules returned {bad[0]!r}; expected SkipImport, ReplaceImport or InjectImport objects"
+            )
+        plugin.rules.extend(items)
+        return
+    bad = [i for i in items if not _is_patch_like(i)]
+    if bad:
+        raise _HookFailure(
+            f"register_patches returned {bad[0]!r}; expected Patch subclasses, AtomicPatch or ModuleHook objects"
+        )
+    plugin.patches.extend(items)

@@ -1,0 +1,248 @@
+"""What apply() did: one live record per patch, rule and plugin, printable and JSON-able."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+
+__all__ = ["CallCounters", "Provenance", "Record", "Report", "Status"]
+
+
+class Status(str, enum.Enum):
+    """Where a patch, rule or plugin stands."""
+
+    #: Installed (a patch), serving imports (a rule), loaded (a plugin).
+    APPLIED = "applied"
+    #: Waiting for its target module to be imported.
+    PENDING = "pending"
+    #: Not applicable here (library absent, version out of range, precheck False, disabled).
+    SKIPPED = "skipped"
+    #: A bug or a broken environment: an exception, an invalid declaration.
+    FAILED = "failed"
+    #: Was applied, then undone by revert().
+    REVERTED = "reverted"
+
+    __module__ = "ascend_patch_core"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a patch came from: a plugin's distribution, or the user's own code."""
+
+    plugin: str | None = None
+    distribution: str | None = None
+    version: str | None = None
+    entry_point: str | None = None
+    file: str | None = None
+
+    __module__ = "ascend_patch_core"
+
+    def __str__(self) -> str:
+        if self.plugin is None:
+            return "user"
+        if self.distribution:
+            return f"{self.plugin} ({self.distribution} {self.version or '?'})"
+        return self.plugin
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {
+            "plugin": self.plugin,
+            "distribution": self.distribution,
+            "version": self.version,
+            "entry_point": self.entry_point,
+            "file": self.file,
+        }
+
+
+USER = Provenance()
+
+
+class CallCounters:
+    """Per-patch call counts of a ``runtime_check`` wrapper.
+
+    ``itertools.count`` is used because ``next()`` on it is a single C call: atomic
+    under the GIL and a few nanoseconds, cheap enough to leave on in production.
+    """
+
+    __slots__ = ("_fallback", "_replacement", "fallback_tick", "replacement_tick")
+
+    def __init__(self) -> None:
+        self._replacement = itertools.count()
+        self._fallback = itertools.count()
+        self.replacement_tick = self._replacement.__next__
+        self.fallback_tick = self._fallback.__next__
+
+    @staticmethod
+    def _value(counter: itertools.count[int]) -> int:
+        # repr(count(7)) == "count(7)": the only way to read a count without advancing it.
+        return int(repr(counter)[6:-1])
+
+    @property
+    def replacement_calls(self) -> int:
+        return self._value(self._replacement)
+
+    @property
+    def fallback_calls(self) -> int:
+        return self._value(self._fallback)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "replacement_calls": self.replacement_calls,
+            "fallback_calls": self.fallback_calls,
+        }
+
+
+@dataclass(eq=False)
+class Record:
+    """The live state of one patch, rule or plugin. Updated as imports happen."""
+
+    kind: str
+    name: str
+    target: str
+    status: Status = Status.PENDING
+    reason: str | None = None
+    group: str | None = None
+    provenance: Provenance = USER
+    #: Modules that still hold the original object (``from x import f`` made before apply).
+    stale_holders: list[str] = field(default_factory=list)
+    #: Holders that were rebound to the replacement (opt-in).
+    rebound_holders: list[str] = field(default_factory=list)
+    #: Status of each alias target, by path.
+    aliases: dict[str, str] = field(default_factory=dict)
+    counters: CallCounters | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    __module__ = "ascend_patch_core"
+
+    def set(self, status: Status, reason: str | None = None) -> None:
+        self.status = status
+        self.reason = reason
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "target": self.target,
+            "group": self.group,
+            "status": self.status.value,
+            "reason": self.reason,
+            "provenance": self.provenance.as_dict(),
+        }
+        if self.aliases:
+            data["aliases"] = dict(self.aliases)
+        if self.stale_holders:
+            data["stale_holders"] = list(self.stale_holders)
+        if self.rebound_holders:
+            data["rebound_holders"] = list(self.rebound_holders)
+        if self.counters is not None:
+            data["counters"] = self.counters.as_dict()
+        if self.warnings:
+            data["warnings"] = list(self.warnings)
+        return data
+
+
+class Report:
+    """A view of a patcher's records. Live: pending patches turn applied as imports happen.
+
+    ``str(report)`` is a compact table; :meth:`to_json` is the stable machine form
+    (schema in docs/report-schema.md).
+    """
+
+    __module__ = "ascend_patch_core"
+
+    def __init__(self, records: list[Record], warnings: list[str], lock: threading.RLock) -> None:
+        self._records = records
+        self._warnings = warnings
+        self._lock = lock
+
+    @property
+    def records(self) -> list[Record]:
+        with self._lock:
+            return list(self._records)
+
+    @property
+    def warnings(self) -> list[str]:
+        with self._lock:
+            return list(self._warnings)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def by_status(self, status: Status | str) -> list[Record]:
+        status = Status(status)
+        return [r for r in self.records if r.status is status]
+
+    def get(self, name: str, kind: str | None = None) -> Record:
+        """Return the record named ``name`` (a patch's target, a rule's module, a plugin)."""
+        for record in self.records:
+            if record.name == name and (kind is None or record.kind == kind):
+                return record
+        raise KeyError(name)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.by_status(Status.FAILED)
+
+    def counts(self) -> dict[str, int]:
+        result = {status.value: 0 for status in Status}
+        for record in self.records:
+            result[record.status.value] += 1
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "ascend-patch-report/1",
+            "counts": self.counts(),
+            "records": [r.as_dict() for r in self.records],
+            "warnings": self.warnings,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    def table(self, *, verbose: bool = False) -> str:
+        """A compact fixed-width table, one line per record, grouped by kind."""
+        rows = [r for r in self.records if verbose or r.kind != "plugin" or r.status is Status.FAILED]
+        lines: list[str] = []
+        counts = ", ".join(f"{n} {s}" for s, n in self.counts().items() if n)
+        lines.append(f"ascend-patch: {counts or 'nothing registered'}")
+        if rows:
+            width = min(max(len(r.target) for r in rows), 72)
+            for r in rows:
+                reason = f"  {r.reason}" if r.reason else ""
+                origin = "" if r.provenance.plugin is None else f"  [{r.provenance.plugin}]"
+                lines.append(f"  {r.status.value:<8} {r.kind:<6} {r.target:<{width}}{origin}{reason}")
+                if verbose:
+                    lines.extend(f"           alias {path}: {state}" for path, state in r.aliases.items())
+                    if r.counters is not None:
+                        c = r.counters
+                        lines.append(
+                            f"           calls: {c.replacement_calls} replacement,"
+                            f" {c.fallback_calls} fallback"
+                        )
+                if r.stale_holders:
+                    lines.append(f"           still holding the original: {', '.join(r.stale_holders)}")
+        lines.extend(f"  warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{s}={n}" for s, n in self.counts().items() if n)
+        return f"<Report {counts}>"

@@ -1,0 +1,282 @@
+"""Import rules: SkipImport, ReplaceImport, InjectImport.
+
+A rule is a declaration. Activating it registers the module name with the import
+hub and imports nothing; it takes effect when the program first imports that name.
+Deactivating it removes every module it created from ``sys.modules`` and from its
+parent package, so a reverted process imports the real module again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+import types
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import ImportRuleError
+from ._errors import PatchDefinitionError
+from ._hub import hub
+from ._report import Record
+from ._report import Status
+from ._stubs import new_stub_module
+from ._target import _IDENTIFIER
+
+
+__all__ = ["ImportRule", "InjectImport", "ReplaceImport", "SkipImport"]
+
+
+def _module_name(name: object, where: str) -> str:
+    if not isinstance(name, str) or not name or not all(_IDENTIFIER.fullmatch(p) for p in name.split(".")):
+        raise PatchDefinitionError(f"{where}: {name!r} is not a dotted module name")
+    return name
+
+
+class ImportRule:
+    """Base of the three rule kinds. ``kind`` and ``module`` identify a rule."""
+
+    __module__ = "ascend_patch_core"
+    kind: str = "rule"
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.record: Record | None = None
+        self._created: list[str] = []
+
+    # The patcher drives these two.
+    def activate(self, record: Record) -> None:
+        raise NotImplementedError
+
+    def deactivate(self) -> list[str]:
+        """Undo the rule; return warnings about what could not be undone exactly."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.module}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.module!r})"
+
+    def _forget_created(self) -> None:
+        for name in reversed(self._created):
+            module = sys.modules.pop(name, None)
+            parent_name, _, child = name.rpartition(".")
+            parent = sys.modules.get(parent_name) if parent_name else None
+            if parent is not None and module is not None and vars(parent).get(child) is module:
+                delattr(parent, child)
+        self._created.clear()
+
+
+class _ServedRule(ImportRule):
+    """A rule that serves a module in place of the real one."""
+
+    subtree = False
+
+    def activate(self, record: Record) -> None:
+        self.record = record
+        if self.module in sys.modules:
+            record.set(Status.SKIPPED, f"{self.module} was already imported; the rule cannot take effect")
+            return
+        hub.serve(self.module, self, subtree=self.subtree)
+        record.set(Status.PENDING, f"takes effect when {self.module} is imported")
+
+    def deactivate(self) -> list[str]:
+        hub.unserve(self.module, self)
+        self._forget_created()
+        return []
+
+    # ServedModule protocol
+    def origin(self, fullname: str) -> str:
+        return f"ascend-patch:{self.kind}"
+
+    def served(self, fullname: str, module: types.ModuleType) -> None:
+        self._created.append(fullname)
+        if self.record is not None and fullname == self.module:
+            self.record.set(Status.APPLIED, None)
+
+
+class SkipImport(_ServedRule):
+    """Serve a stub for ``module`` and all its submodules; the real one is never executed.
+
+    Parents that exist are imported normally (``SkipImport("pkg.sub.heavy")`` still
+    runs ``pkg/__init__.py``).
+    """
+
+    kind = "skip"
+    subtree = True
+
+    def __init__(self, module: str) -> None:
+        super().__init__(_module_name(module, "SkipImport"))
+
+    def is_package(self, fullname: str) -> bool:
+        return True
+
+    def build(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return new_stub_module(fullname)
+
+
+class ReplaceImport(_ServedRule):
+    """Serve ``replacement`` as ``module``; the original module is never executed.
+
+    ``replacement`` may be:
+
+    * ``None`` -- a new empty module holding ``exports``;
+    * a module object -- served as is (``import mmcv._ext`` returns that very object);
+    * a callable ``factory(name)`` returning a module or a mapping of attributes,
+      called on the first import only (for large synthesized modules);
+    * a string ``"pkg.mod:factory"`` naming such a factory, imported on first import;
+    * a string ``"pkg.mod"`` naming a base module: the served module holds ``exports``
+      and falls back to the base module's attributes.
+    """
+
+    kind = "replace"
+
+    def __init__(self, module: str, replacement: Any = None, /, **exports: Any) -> None:
+        super().__init__(_module_name(module, "ReplaceImport"))
+        if replacement is not None and not isinstance(replacement, (str, types.ModuleType)) and not callable(
+            replacement
+        ):
+            raise PatchDefinitionError(
+                f"ReplaceImport({module!r}): replacement must be None, a module, a factory or a dotted name,"
+                f" got {replacement!r}"
+            )
+        if isinstance(replacement, str) and ":" not in replacement:
+            _module_name(replacement, f"ReplaceImport({module!r})")
+        if isinstance(replacement, types.ModuleType) and exports:
+            raise PatchDefinitionError(
+                f"ReplaceImport({module!r}): exports cannot be added to a module object; set them on it instead"
+            )
+        self.replacement = replacement
+        self.exports = exports
+
+    def is_package(self, fullname: str) -> bool:
+        replacement = self.replacement
+        return isinstance(replacement, types.ModuleType) and hasattr(replacement, "__path__")
+
+    def describe(self) -> str:
+        r = self.replacement
+        target = (
+            "exports" if r is None else r.__name__ if isinstance(r, types.ModuleType) else
+            r if isinstance(r, str) else getattr(r, "__qualname__", repr(r))
+        )
+        return f"replace {self.module} -> {target}"
+
+    def build(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        replacement = self.replacement
+        try:
+            if isinstance(replacement, types.ModuleType):
+                placeholder = types.ModuleType(fullname)
+                placeholder.__ascend_patch_alias__ = replacement  # type: ignore[attr-defined]
+                return placeholder
+            module = types.ModuleType(fullname, f"Served by ascend-patch in place of {fullname}.")
+            if isinstance(replacement, str) and ":" not in replacement:
+                base = importlib.import_module(replacement)
+
+                def __getattr__(name: str) -> Any:
+                    try:
+                        return getattr(base, name)
+                    except AttributeError:
+                        raise AttributeError(f"module {fullname!r} has no attribute {name!r}") from None
+
+                module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+                module.__ascend_patch_base__ = base  # type: ignore[attr-defined]
+            elif replacement is not None:
+                factory = _load_factory(replacement) if isinstance(replacement, str) else replacement
+                made = factory(fullname)
+                if isinstance(made, types.ModuleType):
+                    if made.__name__ != fullname:
+                        placeholder = types.ModuleType(fullname)
+                        placeholder.__ascend_patch_alias__ = made  # type: ignore[attr-defined]
+                        return placeholder
+                    module = made
+                elif isinstance(made, Mapping):
+                    module.__dict__.update(made)
+                else:
+                    raise TypeError(f"the factory returned {type(made).__name__}; expected a module or a mapping")
+            module.__dict__.update(self.exports)
+            return module
+        except Exception as exc:
+            if self.record is not None:
+                self.record.set(Status.FAILED, f"could not build the module: {exc!r}")
+            raise ImportRuleError(f"ascend-patch {self.describe()}: could not build the module: {exc}") from exc
+
+
+def _load_factory(path: str) -> Callable[[str], Any]:
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj  # type: ignore[no-any-return]
+
+
+class InjectImport(ImportRule):
+    """When ``target_module`` is imported, set ``target_module.<name> = source_module.<name>``.
+
+    Never overwrites an existing attribute; appends ``name`` to a list/tuple ``__all__``.
+    The source module is imported only then.
+    """
+
+    kind = "inject"
+
+    def __init__(self, source_module: str, name: str, target_module: str) -> None:
+        super().__init__(_module_name(target_module, "InjectImport"))
+        self.source_module = _module_name(source_module, "InjectImport")
+        if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+            raise PatchDefinitionError(f"InjectImport: {name!r} is not an attribute name")
+        self.name = name
+        self._handle: Any = None
+        self._injected: tuple[types.ModuleType, Any, Any] | None = None
+
+    def describe(self) -> str:
+        return f"inject {self.source_module}.{self.name} -> {self.module}"
+
+    def activate(self, record: Record) -> None:
+        self.record = record
+        module = sys.modules.get(self.module)
+        if module is not None:
+            self._inject(module)
+            return
+        record.set(Status.PENDING, f"takes effect when {self.module} is imported")
+        self._handle = hub.watch(self.module, self._inject)
+
+    def _inject(self, module: types.ModuleType) -> None:
+        self._handle = None
+        record = self.record
+        assert record is not None
+        if self.name in vars(module):
+            record.set(Status.SKIPPED, f"{self.module}.{self.name} already exists; not overwritten")
+            return
+        try:
+            value = getattr(importlib.import_module(self.source_module), self.name)
+        except ModuleNotFoundError as exc:
+            record.set(Status.SKIPPED, f"{self.source_module} is not importable: {exc}")
+            return
+        except Exception as exc:
+            record.set(Status.FAILED, f"cannot get {self.source_module}.{self.name}: {exc!r}")
+            return
+        setattr(module, self.name, value)
+        old_all = vars(module).get("__all__")
+        if isinstance(old_all, list):
+            module.__all__ = [*old_all, self.name]
+        elif isinstance(old_all, tuple):
+            module.__all__ = (*old_all, self.name)
+        self._injected = (module, value, old_all)
+        record.set(Status.APPLIED, None)
+
+    def deactivate(self) -> list[str]:
+        if self._handle is not None:
+            hub.unwatch(self._handle)
+            self._handle = None
+        warnings: list[str] = []
+        if self._injected is not None:
+            module, value, old_all = self._injected
+            if vars(module).get(self.name) is value:
+                delattr(module, self.name)
+                if isinstance(old_all, (list, tuple)):
+                    module.__all__ = old_all
+            else:
+                warnings.append(f"{self.module}.{self.name} was changed after injection; left as is")
+            self._injected = None
+        return warnings

@@ -1,0 +1,48 @@
+"""Stale references: modules that took the original with ``from x import f`` before apply().
+
+Patching ``x.f`` cannot reach a name another module already bound to the original.
+Patches applied through the import hook never have this problem (the patch lands
+before anyone can import the name); those applied to modules imported *before*
+``apply()`` can. One pass over ``sys.modules`` finds every module global that is
+still the original object, for all such patches at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterable
+
+
+__all__ = ["find_holders"]
+
+
+def find_holders(
+    originals: dict[int, object],
+    exclude_modules: set[int],
+    exclude_prefixes: Iterable[str],
+) -> dict[int, list[tuple[types.ModuleType, str]]]:
+    """Map ``id(original)`` to the (module, global name) pairs still holding it."""
+    plain = set(exclude_prefixes)
+    dotted = tuple(p + "." for p in plain)
+    found: dict[int, list[tuple[types.ModuleType, str]]] = {}
+    if not originals:
+        return found
+    for module_name, module in list(sys.modules.items()):
+        if module is None or id(module) in exclude_modules:
+            continue
+        if module_name in plain or module_name.startswith(dotted):
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        try:
+            items = list(namespace.items())
+        except RuntimeError:  # the module is being modified by another thread
+            continue
+        for name, value in items:
+            key = id(value)
+            if key in originals and originals[key] is value:
+                found.setdefault(key, []).append((module, name))
+    return found

@@ -1,0 +1,335 @@
+"""Target paths: parsing, resolution without side effects, installation and exact restore.
+
+A target names one slot that holds an object:
+
+* ``"pkg.mod.func"`` -- a module attribute;
+* ``"pkg.mod.Class.method"`` -- a class attribute (staticmethod, classmethod and
+  property keep their kind);
+* ``"pkg.registry.MODELS._module_dict.Key"`` or ``"...MODELS._module_dict['a.b']"`` --
+  a mapping entry;
+* ``"pkg.mod:Class.method"`` -- the part before ``:`` is the module, said explicitly.
+
+Resolution never imports anything and never triggers a lazy module ``__getattr__``:
+it reads module ``__dict__`` s and ``sys.modules`` only, so that resolving a target of
+a not-yet-imported library is free and ``apply()`` stays side-effect free.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from collections.abc import Mapping
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import PatchDefinitionError
+
+
+__all__ = [
+    "Missing",
+    "Resolved",
+    "Slot",
+    "TargetPath",
+    "Waiting",
+    "adapt_to_descriptor",
+    "inner_callable",
+]
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BRACKET = re.compile(r"""\[(?:'([^']*)'|"([^"]*)")\]""")
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    #: Written as ``['key']``: always a mapping key, never an attribute.
+    is_key: bool = False
+
+
+@dataclass(frozen=True)
+class TargetPath:
+    """A parsed target path."""
+
+    text: str
+    #: Set when the path says where the module ends (``mod.sub:Attr``).
+    module: str | None
+    segments: tuple[Segment, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> TargetPath:
+        if not isinstance(text, str) or not text:
+            raise PatchDefinitionError(f"invalid target path {text!r}: expected a dotted string")
+        module: str | None = None
+        rest = text
+        if ":" in text:
+            module, _, rest = text.partition(":")
+            if not module or not rest or not all(_IDENTIFIER.fullmatch(p) for p in module.split(".")):
+                raise PatchDefinitionError(
+                    f"invalid target path {text!r}: write 'package.module:Attribute.attr'"
+                )
+            segments = list(_split(rest, text))
+            head = [Segment(p) for p in module.split(".")]
+            segments = head + segments
+        else:
+            segments = list(_split(rest, text))
+        if len(segments) < 2:
+            raise PatchDefinitionError(
+                f"invalid target path {text!r}: name a module and an attribute, e.g. 'torch.matmul'"
+            )
+        if segments[0].is_key:
+            raise PatchDefinitionError(f"invalid target path {text!r}: must start with a module name")
+        return cls(text, module, tuple(segments))
+
+    @property
+    def root(self) -> str:
+        return self.segments[0].name
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _split(text: str, whole: str) -> list[Segment]:
+    out: list[Segment] = []
+    pos = 0
+    n = len(text)
+    while pos < n:
+        if text[pos] == "[":
+            m = _BRACKET.match(text, pos)
+            if not m:
+                raise PatchDefinitionError(f"invalid target path {whole!r}: bad key near {text[pos:]!r}")
+            out.append(Segment(m.group(1) if m.group(1) is not None else m.group(2), True))
+            pos = m.end()
+            if pos < n and text[pos] == ".":
+                pos += 1
+            continue
+        m = _IDENTIFIER.match(text, pos)
+        if not m:
+            raise PatchDefinitionError(f"invalid target path {whole!r}: bad name near {text[pos:]!r}")
+        out.append(Segment(m.group(0)))
+        pos = m.end()
+        if pos < n:
+            if text[pos] == ".":
+                pos += 1
+                if pos == n:
+                    raise PatchDefinitionError(f"invalid target path {whole!r}: ends with '.'")
+            elif text[pos] != "[":
+                raise PatchDefinitionError(f"invalid target path {whole!r}: bad name near {text[pos:]!r}")
+    return out
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The target lives in (or below) a module that is not imported yet."""
+
+    module: str
+
+
+@dataclass(frozen=True)
+class Missing:
+    """The target cannot exist here: its module is loaded and the name is absent."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A resolved place that holds an object, and what it holds now."""
+
+    #: "module" (module global), "class" (class attribute), "item" (mapping entry),
+    #: "object" (attribute of some other object).
+    kind: str
+    owner: Any
+    key: str
+    #: The raw object in the slot (for a class, as found in the defining class's
+    #: ``__dict__``, so staticmethod/classmethod/property objects, not their results).
+    raw: Any
+    #: False when a class attribute is inherited: installing shadows it, restoring deletes.
+    own: bool
+    #: The module whose import made this slot reachable.
+    module: str
+
+    def current(self) -> Any:
+        """What the slot holds right now (raw)."""
+        if self.kind == "item":
+            return self.owner.get(self.key, _ABSENT) if isinstance(self.owner, Mapping) else _ABSENT
+        try:
+            return vars(self.owner).get(self.key, _ABSENT)
+        except TypeError:  # objects without __dict__ (slots)
+            return getattr(self.owner, self.key, _ABSENT)
+
+    def install(self, new_raw: Any) -> None:
+        if self.kind == "item":
+            self.owner[self.key] = new_raw
+        else:
+            setattr(self.owner, self.key, new_raw)
+
+    def restore(self) -> None:
+        """Put back exactly what was there: the same object, or nothing if it was inherited."""
+        if self.own:
+            self.install(self.raw)
+        elif self.kind == "item":
+            del self.owner[self.key]
+        else:
+            delattr(self.owner, self.key)
+
+    def describe(self) -> str:
+        return f"{self.module}:{self.key}" if self.kind == "module" else self.key
+
+
+Resolved = Slot
+_ABSENT = object()
+
+
+def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missing:
+    """Find the slot ``path`` names, reading only what is already imported."""
+    modules = sys.modules
+    segments = path.segments
+    name = segments[0].name
+    obj = modules.get(name)
+    if obj is None:
+        return Waiting(name)
+    module_name = name
+    # With an explicit module part, walk modules strictly first.
+    explicit_depth = len(path.module.split(".")) if path.module else 0
+    for index in range(1, len(segments)):
+        seg = segments[index]
+        last = index == len(segments) - 1
+        if isinstance(obj, types.ModuleType) and not seg.is_key:
+            child_name = f"{module_name}.{seg.name}"
+            if index < explicit_depth:
+                child = modules.get(child_name)
+                if child is None:
+                    return Waiting(child_name)
+                obj, module_name = child, child_name
+                continue
+            namespace = vars(obj)
+            loaded_child = modules.get(child_name)
+            if loaded_child is not None and not last:
+                # Walking on: a loaded submodule wins over a same-named attribute that
+                # shadows it (``from .sub import sub`` in a package __init__).
+                value = loaded_child
+            elif seg.name in namespace:
+                value = namespace[seg.name]
+            elif loaded_child is not None:
+                value = loaded_child
+            else:
+                sub = _submodule_may_exist(obj, child_name)
+                if sub:
+                    return Waiting(child_name)
+                if last and create:
+                    return Slot("module", obj, seg.name, _ABSENT, False, module_name)
+                return Missing(f"{module_name} has no attribute {seg.name!r}")
+            if last:
+                return Slot("module", obj, seg.name, value, True, module_name)
+            if isinstance(value, types.ModuleType):
+                module_name = value.__name__
+            obj = value
+            continue
+        if isinstance(obj, Mapping) and not isinstance(obj, type) and (seg.is_key or seg.name not in _attrs(obj)):
+            if seg.name not in obj:
+                if last and create and isinstance(obj, MutableMapping):
+                    return Slot("item", obj, seg.name, _ABSENT, False, module_name)
+                return Missing(f"key {seg.name!r} is not in {_describe_prefix(segments[:index])}")
+            if last:
+                if not isinstance(obj, MutableMapping):
+                    return Missing(f"{_describe_prefix(segments[:index])} is read-only")
+                return Slot("item", obj, seg.name, obj[seg.name], True, module_name)
+            obj = obj[seg.name]
+            continue
+        if seg.is_key:
+            return Missing(f"{_describe_prefix(segments[:index])} is not a mapping")
+        if isinstance(obj, type):
+            if last:
+                for klass in obj.__mro__:
+                    if seg.name in vars(klass):
+                        return Slot("class", obj, seg.name, vars(klass)[seg.name], klass is obj, module_name)
+                if create:
+                    return Slot("class", obj, seg.name, _ABSENT, False, module_name)
+                return Missing(f"{obj.__qualname__} has no attribute {seg.name!r}")
+        if last:
+            try:
+                own_dict = vars(obj)
+            except TypeError:
+                own_dict = {}
+            if seg.name in own_dict:
+                return Slot("object", obj, seg.name, own_dict[seg.name], True, module_name)
+            if hasattr(obj, seg.name):
+                return Slot("object", obj, seg.name, getattr(obj, seg.name), False, module_name)
+            if create:
+                return Slot("object", obj, seg.name, _ABSENT, False, module_name)
+            return Missing(f"{_describe_prefix(segments[:index])} has no attribute {seg.name!r}")
+        try:
+            obj = getattr(obj, seg.name)
+        except AttributeError:
+            return Missing(f"{_describe_prefix(segments[:index])} has no attribute {seg.name!r}")
+    raise AssertionError("unreachable: paths have at least two segments")
+
+
+def _attrs(obj: object) -> set[str]:
+    try:
+        return set(vars(obj))
+    except TypeError:
+        return set()
+
+
+def _describe_prefix(segments: tuple[Segment, ...]) -> str:
+    out = ""
+    for seg in segments:
+        out += f"[{seg.name!r}]" if seg.is_key else (f".{seg.name}" if out else seg.name)
+    return out
+
+
+def _submodule_may_exist(package: types.ModuleType, fullname: str) -> bool:
+    """Whether ``fullname`` could still be imported as a submodule of a loaded package.
+
+    Asks the path-based finder (a filesystem probe: nothing is executed) and the
+    core's own import hub (modules served by import rules).
+    """
+    search = getattr(package, "__path__", None)
+    if search is None:
+        return False
+    from ._hub import hub
+
+    if hub.serves(fullname):
+        return True
+    import importlib.machinery
+
+    try:
+        return importlib.machinery.PathFinder.find_spec(fullname, list(search)) is not None
+    except (ImportError, ValueError, TypeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- descriptors
+
+
+def inner_callable(raw: Any) -> Any:
+    """The function inside a staticmethod/classmethod/property (its getter); else ``raw``."""
+    if isinstance(raw, (staticmethod, classmethod)):
+        return raw.__func__
+    if isinstance(raw, property):
+        return raw.fget
+    return raw
+
+
+def adapt_to_descriptor(original_raw: Any, new: Any) -> Any:
+    """Give ``new`` the descriptor kind of ``original_raw`` so class attributes keep behaving.
+
+    A plain function replacing a ``staticmethod`` must not start receiving ``self``; one
+    replacing a property must stay a property (keeping the setter and deleter). A
+    replacement that already is a descriptor object is installed as given.
+    """
+    if isinstance(new, (staticmethod, classmethod, property)):
+        return new
+    if isinstance(original_raw, staticmethod):
+        return staticmethod(new)
+    if isinstance(original_raw, classmethod):
+        return classmethod(new)
+    if isinstance(original_raw, property) and callable(new):
+        return property(new, original_raw.fset, original_raw.fdel, original_raw.__doc__)
+    return new

@@ -1,0 +1,147 @@
+"""``with_imports``: names a replacement needs, imported on its first call.
+
+A plugin module must import without torch_npu (or mmcv, or transformers) present, yet
+its replacements call them. ``@with_imports("torch_npu")`` defers that import to the
+replacement's first call and then binds the name in the function's *own module
+globals* -- not in a copy, so ``global`` statements keep working (a defect of the
+seed's snapshot copy).
+
+Spec forms::
+
+    "torch_npu"                       # import torch_npu            -> name torch_npu
+    "torch.nn.functional"             # bind the module             -> name functional
+    "torch.nn.functional as F"        #                             -> name F
+    ("torch_npu", "npu_rms_norm")     # from torch_npu import npu_rms_norm
+    ("torch_npu", "npu_rms_norm as rms_norm", "npu_swiglu")
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import threading
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import TypeVar
+
+from ._errors import PatchDefinitionError
+
+
+__all__ = ["LazyImports", "with_imports"]
+
+F = TypeVar("F")
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"{_NAME}(?:\.{_NAME})*")
+_AS = re.compile(rf"^\s*({_DOTTED.pattern})(?:\s+as\s+({_NAME}))?\s*$")
+
+
+def _parse(spec: str | Sequence[str]) -> list[tuple[str, str | None, str]]:
+    """Return (module, attribute or None, bound name) triples for one spec."""
+    if isinstance(spec, str):
+        m = _AS.match(spec)
+        if not m:
+            raise PatchDefinitionError(f"with_imports: invalid spec {spec!r}; write 'pkg.mod' or 'pkg.mod as name'")
+        path, alias = m.group(1), m.group(2)
+        return [(path, None, alias or path.rpartition(".")[2])]
+    if isinstance(spec, (tuple, list)) and len(spec) >= 2 and all(isinstance(s, str) for s in spec):
+        module = spec[0]
+        if not _DOTTED.fullmatch(module):
+            raise PatchDefinitionError(f"with_imports: invalid module {module!r} in {spec!r}")
+        out: list[tuple[str, str | None, str]] = []
+        for item in spec[1:]:
+            m = _AS.match(item)
+            if not m or "." in m.group(1):
+                raise PatchDefinitionError(f"with_imports: invalid name {item!r} in {spec!r}; write 'name' or 'name as alias'")
+            out.append((module, m.group(1), m.group(2) or m.group(1)))
+        return out
+    raise PatchDefinitionError(
+        f"with_imports: invalid spec {spec!r}; expected 'pkg.mod', 'pkg.mod as name' or ('pkg.mod', 'name', ...)"
+    )
+
+
+class LazyImports:
+    """The deferred imports of one function; resolved once, on its first call."""
+
+    def __init__(self, func: Callable[..., Any], specs: list[tuple[str, str | None, str]]) -> None:
+        self.func = func
+        self.specs = specs
+        self.resolved = False
+        self._lock = threading.Lock()
+        #: Called once after resolution, so a patcher can install ``func`` directly
+        #: in place of the trampoline (no extra frame from then on).
+        self.on_resolved: list[Callable[[], None]] = []
+
+    def resolve(self) -> None:
+        with self._lock:
+            if self.resolved:
+                return
+            namespace = self.func.__globals__  # type: ignore[attr-defined]
+            values: dict[str, Any] = {}
+            for module, attribute, bound in self.specs:
+                values[bound] = _load(module, attribute, self.func)
+            namespace.update(values)
+            self.resolved = True
+            listeners, self.on_resolved = self.on_resolved, []
+        for listener in listeners:
+            listener()
+
+
+def _load(module: str, attribute: str | None, func: Callable[..., Any]) -> Any:
+    where = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+    try:
+        if attribute is None:
+            try:
+                return importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                # "pkg.attr": not a module, maybe an attribute of pkg.
+                parent, _, name = module.rpartition(".")
+                if not parent or exc.name != module:
+                    raise
+                return getattr(importlib.import_module(parent), name)
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        what = module if attribute is None else f"{attribute} from {module}"
+        raise ImportError(f"with_imports on {where}: cannot import {what}: {exc}") from exc
+
+
+def with_imports(*specs: str | Sequence[str]) -> Callable[[F], F]:
+    """Decorate a replacement so ``specs`` are imported into its module on first call.
+
+    Works on plain functions and on staticmethod/classmethod objects (in either
+    decorator order). A failed import raises ``ImportError`` naming the function and
+    the spec at that call, and is retried on the next call.
+    """
+    parsed = [triple for spec in specs for triple in _parse(spec)]
+    if not parsed:
+        raise PatchDefinitionError("with_imports: give at least one module or name to import")
+
+    def decorate(obj: F) -> F:
+        descriptor: type | None = None
+        func: Any = obj
+        if isinstance(obj, (staticmethod, classmethod)):
+            descriptor, func = type(obj), obj.__func__
+        if not callable(func) or not hasattr(func, "__globals__"):
+            raise PatchDefinitionError(f"with_imports: {obj!r} is not a Python function")
+        state = LazyImports(func, parsed)
+
+        @functools.wraps(func)
+        def with_imports_trampoline(*args: Any, **kwargs: Any) -> Any:
+            if not state.resolved:
+                state.resolve()
+            return func(*args, **kwargs)
+
+        with_imports_trampoline.__ascend_patch_with_imports__ = state  # type: ignore[attr-defined]
+        result: Any = with_imports_trampoline
+        if descriptor is not None:
+            result = descriptor(result)
+        return result  # type: ignore[no-any-return]
+
+    return decorate
+
+
+def lazy_imports_of(obj: object) -> LazyImports | None:
+    """The :class:`LazyImports` behind a ``with_imports`` trampoline, if ``obj`` is one."""
+    state = getattr(obj, "__ascend_patch_with_imports__", None)
+    return state if isinstance(state, LazyImports) else None
