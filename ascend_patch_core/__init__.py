@@ -92,7 +92,9 @@ def apply(
     ``autoload`` (``ASCEND_PATCH_AUTOLOAD``), ``strict`` (``ASCEND_PATCH_STRICT``).
     Returns the live :class:`Report`. A second call returns the same report.
     """
-    default_patcher.select_plugins(disable=disable, plugins=plugins, autoload=autoload, strict=strict)
+    default_patcher.select_plugins(
+        disable=disable, plugins=plugins, autoload=autoload, strict=strict
+    )
     return default_patcher.apply()
 
 

@@ -27,7 +27,9 @@ class EnvSetting:
         if not isinstance(self.name, str) or not self.name or "=" in self.name:
             raise PatchDefinitionError(f"EnvSetting: invalid variable name {self.name!r}")
         if not isinstance(self.value, str):
-            raise PatchDefinitionError(f"EnvSetting({self.name!r}): value must be a string, got {self.value!r}")
+            raise PatchDefinitionError(
+                f"EnvSetting({self.name!r}): value must be a string, got {self.value!r}"
+            )
 
     def user_value(self) -> str | None:
         return os.environ.get(self.name)

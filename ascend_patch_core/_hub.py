@@ -142,7 +142,9 @@ class ImportHub(importlib.abc.MetaPathFinder):
 
     def watch_pattern(self, pattern: str, callback: Callback) -> _PatternWatch:
         """Call ``callback(module)`` after every import of a module matching ``pattern``."""
-        if pattern.partition(".")[0] in ("", "*") or any(c in pattern.partition(".")[0] for c in "*?["):
+        if pattern.partition(".")[0] in ("", "*") or any(
+            c in pattern.partition(".")[0] for c in "*?["
+        ):
             raise ValueError(f"module pattern {pattern!r} must start with a literal package name")
         handle = _PatternWatch(pattern, callback)
         with self._lock:
@@ -200,7 +202,9 @@ class ImportHub(importlib.abc.MetaPathFinder):
         rule = self._served.get(fullname)
         if rule is None and self._roots and fullname.partition(".")[0] in self._roots:
             rule = self._rule_for(fullname)
-            watched = rule is None and (fullname in self._watches or bool(self.matching_patterns(fullname)))
+            watched = rule is None and (
+                fullname in self._watches or bool(self.matching_patterns(fullname))
+            )
         else:
             watched = rule is None and fullname in self._watches
         if rule is not None:
@@ -247,9 +251,10 @@ class ImportHub(importlib.abc.MetaPathFinder):
             patterns = self.matching_patterns(name) if self._patterns else []
             self._maybe_uninstall()
         errors: list[PatchError] = []
-        for handle in [*handles, *patterns]:
+        callbacks = [h.callback for h in handles] + [p.callback for p in patterns]
+        for callback in callbacks:
             try:
-                handle.callback(module)
+                callback(module)
             except PatchError as exc:  # strict mode: surfaced to the importer
                 errors.append(exc)
             except Exception as exc:  # a core bug must not break the user's import

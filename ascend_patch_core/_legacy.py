@@ -39,7 +39,9 @@ class PatcherBuilder:
     def add_module_patch(self, module_name: str, *patches: LegacyPatch) -> PatcherBuilder:
         for patch in patches:
             if not isinstance(patch, LegacyPatch):
-                raise TypeError(f"add_module_patch takes Patch(func, options) objects, got {patch!r}")
+                raise TypeError(
+                    f"add_module_patch takes Patch(func, options) objects, got {patch!r}"
+                )
             self._module_patches.append((module_name, patch))
         return self
 
@@ -58,8 +60,13 @@ class PatcherBuilder:
         repeat: int = 1,
     ) -> PatcherBuilder:
         self._profiling = {
-            "path": path, "level": level, "skip_first": skip_first,
-            "wait": wait, "warmup": warmup, "active": active, "repeat": repeat,
+            "path": path,
+            "level": level,
+            "skip_first": skip_first,
+            "wait": wait,
+            "warmup": warmup,
+            "active": active,
+            "repeat": repeat,
         }
         return self
 

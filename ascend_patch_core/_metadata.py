@@ -14,6 +14,7 @@ Controls: ``ASCEND_PATCH_CACHE=0`` disables it; ``ASCEND_PATCH_CACHE_DIR`` moves
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import marshal
 import os
@@ -99,7 +100,12 @@ class MetadataCache:
 
     @staticmethod
     def _enabled() -> bool:
-        return os.environ.get("ASCEND_PATCH_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+        return os.environ.get("ASCEND_PATCH_CACHE", "1").strip().lower() not in (
+            "0",
+            "false",
+            "no",
+            "off",
+        )
 
     def _path(self) -> str:
         directory = os.environ.get("ASCEND_PATCH_CACHE_DIR") or _default_cache_dir()
@@ -124,7 +130,12 @@ class MetadataCache:
                     pass
             if self._data is None:
                 self.hit = False
-                self._data = {"fingerprint": fingerprint, "groups": {}, "versions": {}, "requirements": {}}
+                self._data = {
+                    "fingerprint": fingerprint,
+                    "groups": {},
+                    "versions": {},
+                    "requirements": {},
+                }
                 self._dirty = True
             return self._data
 
@@ -148,10 +159,8 @@ class MetadataCache:
         with self._lock:
             self._data = None
             self._fingerprint = None
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(self._path())
-            except OSError:
-                pass
 
     # -- queries ------------------------------------------------------------------
 

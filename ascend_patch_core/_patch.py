@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
 from typing import ClassVar
+from typing import TypeAlias
 from typing import Union
 
 from ._errors import PatchDefinitionError
@@ -36,7 +37,9 @@ def normalize_requires(requires: str | Sequence[str] | None, where: str) -> tupl
     elif isinstance(requires, (list, tuple)) and all(isinstance(r, str) for r in requires):
         items = tuple(requires)
     else:
-        raise PatchDefinitionError(f"{where}: requires must be a string or a sequence of strings, got {requires!r}")
+        raise PatchDefinitionError(
+            f"{where}: requires must be a string or a sequence of strings, got {requires!r}"
+        )
     for item in items:
         if not item.strip() or any(not alt.strip() for alt in item.split("|")):
             raise PatchDefinitionError(f"{where}: empty requirement in {requires!r}")
@@ -50,7 +53,9 @@ def _names(value: str | Sequence[str] | None, what: str, where: str) -> tuple[st
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise PatchDefinitionError(f"{where}: {what} must be a string or a sequence of strings, got {value!r}")
+    raise PatchDefinitionError(
+        f"{where}: {what} must be a string or a sequence of strings, got {value!r}"
+    )
 
 
 def _check_callable(value: object, what: str, where: str) -> None:
@@ -172,12 +177,18 @@ class ModuleHook:
         requires: str | Sequence[str] | None = None,
     ) -> None:
         where = f"ModuleHook({pattern!r})"
-        if not isinstance(pattern, str) or not pattern or any(c in pattern.partition(".")[0] for c in "*?["):
-            raise PatchDefinitionError(f"{where}: the pattern must start with a literal package name")
+        if (
+            not isinstance(pattern, str)
+            or not pattern
+            or any(c in pattern.partition(".")[0] for c in "*?[")
+        ):
+            raise PatchDefinitionError(
+                f"{where}: the pattern must start with a literal package name"
+            )
         _check_callable(callback, "callback", where)
         self.pattern = pattern
         self.callback = callback
-        self.name = name or getattr(callback, "__name__", pattern)
+        self.name: str = name or str(getattr(callback, "__name__", pattern))
         self.requires = normalize_requires(requires, where)
 
     def __repr__(self) -> str:
@@ -207,7 +218,9 @@ class LegacyPatch:
         self.options = options
         self.target_module = target_module
         self.priority = priority
-        self.name = str(getattr(func, "__patch_name__", None) or getattr(func, "__name__", repr(func)))
+        self.name = str(
+            getattr(func, "__patch_name__", None) or getattr(func, "__name__", repr(func))
+        )
 
     def bound_to(self, module: str) -> LegacyPatch:
         return LegacyPatch(self.func, self.options, target_module=module, priority=self.priority)
@@ -252,4 +265,5 @@ class Patch(metaclass=_PatchMeta):
         raise NotImplementedError(f"{cls.__qualname__}.patches() is not implemented")
 
 
-PatchLike = Union[type[Patch], AtomicPatch, ModuleHook, LegacyPatch]
+#: What ``Patcher.add`` and the ``register_patches`` hook accept.
+PatchLike: TypeAlias = Union[type[Patch], AtomicPatch, ModuleHook, LegacyPatch]  # noqa: UP007 (runtime alias on 3.10)

@@ -17,6 +17,7 @@ race to import its module.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -102,7 +103,9 @@ class _Site:
 class _Entry:
     """The patcher's state for one AtomicPatch."""
 
-    def __init__(self, patch: AtomicPatch, record: Record, group: str | None, provenance: Provenance) -> None:
+    def __init__(
+        self, patch: AtomicPatch, record: Record, group: str | None, provenance: Provenance
+    ) -> None:
         self.patch = patch
         self.record = record
         self.group = group
@@ -237,7 +240,9 @@ class Patcher:
             self._start_items(checked)
         return self
 
-    def disable(self: _Self, *names: str | type[Patch] | AtomicPatch | ModuleHook | LegacyPatch) -> _Self:
+    def disable(
+        self: _Self, *names: str | type[Patch] | AtomicPatch | ModuleHook | LegacyPatch
+    ) -> _Self:
         """Disable patches by group name, patch name, target path, class or object.
 
         For a patcher with ``autoload``, plugin entry-point or distribution names work
@@ -247,16 +252,22 @@ class Patcher:
         for name in names:
             if isinstance(name, str):
                 resolved.add(name)
-            elif isinstance(name, type) and issubclass(name, Patch):
-                resolved.add(name.name)
-            elif isinstance(name, (AtomicPatch, ModuleHook, LegacyPatch, Patch)):
+            elif (isinstance(name, type) and issubclass(name, Patch)) or isinstance(
+                name, (AtomicPatch, ModuleHook, LegacyPatch, Patch)
+            ):
                 resolved.add(name.name)
             else:
-                raise TypeError(f"Patcher.disable() takes names, Patch classes or patch objects, got {name!r}")
+                raise TypeError(
+                    f"Patcher.disable() takes names, Patch classes or patch objects, got {name!r}"
+                )
         with self._lock:
             self._disabled |= resolved
             applied = self._applied
-            victims = [e for e in self._entries if e.names() & resolved and e.state not in _FINAL_NOT_APPLIED]
+            victims = [
+                e
+                for e in self._entries
+                if e.names() & resolved and e.state not in _FINAL_NOT_APPLIED
+            ]
         if applied:
             for entry in reversed(victims):
                 self._undo_entry(entry, Status.SKIPPED, "disabled after apply()")
@@ -276,11 +287,17 @@ class Patcher:
         allow-list; ``autoload=False``: no entry-point discovery; ``strict``: raise on
         any failure. ``None`` leaves a setting as it is.
         """
-        wanted = (disable, plugins, autoload, strict)
         current = (self._plugin_disable, self._plugin_allow, self._discover, self._strict_arg)
-        merged = tuple(c if w is None else w for w, c in zip(wanted, current))
+        merged = (
+            self._plugin_disable if disable is None else disable,
+            self._plugin_allow if plugins is None else plugins,
+            self._discover if autoload is None else autoload,
+            self._strict_arg if strict is None else strict,
+        )
         if self._applied and merged != current:
-            raise PatchError("the patcher is already applied; call revert() before changing its plugin selection")
+            raise PatchError(
+                "the patcher is already applied; call revert() before changing its plugin selection"
+            )
         self._plugin_disable, self._plugin_allow, self._discover, self._strict_arg = merged
         return self
 
@@ -288,7 +305,9 @@ class Patcher:
         """Serve stubs for these modules and their submodules (effective immediately)."""
         return self._add_rules([SkipImport(m) for m in modules])
 
-    def replace_import(self: _Self, module: str, replacement: Any = None, /, **exports: Any) -> _Self:
+    def replace_import(
+        self: _Self, module: str, replacement: Any = None, /, **exports: Any
+    ) -> _Self:
         """Serve ``replacement`` when ``module`` is imported; the original never runs (immediate)."""
         return self._add_rules([ReplaceImport(module, replacement, **exports)])
 
@@ -317,13 +336,25 @@ class Patcher:
         """Profile training steps (delegated to the training utilities)."""
         if level not in (0, 1, 2):
             raise PatchDefinitionError(f"with_profiling: level must be 0, 1 or 2, got {level!r}")
-        for label, value in (("skip_first", skip_first), ("wait", wait), ("warmup", warmup),
-                             ("active", active), ("repeat", repeat)):
+        for label, value in (
+            ("skip_first", skip_first),
+            ("wait", wait),
+            ("warmup", warmup),
+            ("active", active),
+            ("repeat", repeat),
+        ):
             if not isinstance(value, int) or value < 0:
-                raise PatchDefinitionError(f"with_profiling: {label} must be a non-negative int, got {value!r}")
+                raise PatchDefinitionError(
+                    f"with_profiling: {label} must be a non-negative int, got {value!r}"
+                )
         self._profiling = {
-            "path": os.fspath(path), "level": level, "skip_first": skip_first,
-            "wait": wait, "warmup": warmup, "active": active, "repeat": repeat,
+            "path": os.fspath(path),
+            "level": level,
+            "skip_first": skip_first,
+            "wait": wait,
+            "warmup": warmup,
+            "active": active,
+            "repeat": repeat,
         }
         return self
 
@@ -409,10 +440,14 @@ class Patcher:
                 self._records.extend(plugin_records)
                 self._warnings.extend(plugin_warnings)
             for plugin in plugins:
-                plugin_names |= {plugin.name, normalize_name(plugin.provenance.distribution or plugin.name)}
+                plugin_names |= {
+                    plugin.name,
+                    normalize_name(plugin.provenance.distribution or plugin.name),
+                }
                 if plugin.name in self._disabled or (
-                    plugin.provenance.distribution and normalize_name(plugin.provenance.distribution) in
-                    {normalize_name(d) for d in self._disabled}
+                    plugin.provenance.distribution
+                    and normalize_name(plugin.provenance.distribution)
+                    in {normalize_name(d) for d in self._disabled}
                 ):
                     plugin.record.set(Status.SKIPPED, "disabled by Patcher.disable()")
                     continue
@@ -474,14 +509,27 @@ class Patcher:
                 group = item
                 self._groups[group.name] = group
                 if group.name in self._disabled or group.legacy_name in self._disabled:
-                    record = Record("group", group.name, group.name, Status.SKIPPED, "disabled", group.name, provenance)
+                    record = Record(
+                        "group",
+                        group.name,
+                        group.name,
+                        Status.SKIPPED,
+                        "disabled",
+                        group.name,
+                        provenance,
+                    )
                     self._records.append(record)
                     continue
                 try:
                     children = list(group.patches(options))
                 except Exception as exc:
-                    record = Record("group", group.name, group.name, group=group.name, provenance=provenance)
-                    record.set(Status.FAILED, f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}")
+                    record = Record(
+                        "group", group.name, group.name, group=group.name, provenance=provenance
+                    )
+                    record.set(
+                        Status.FAILED,
+                        f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}",
+                    )
                     self._records.append(record)
                     continue
                 for child in children:
@@ -490,8 +538,12 @@ class Patcher:
                     elif isinstance(child, ModuleHook):
                         hooks.append(self._new_hook(child, provenance, group))
                     else:
-                        record = Record("group", group.name, group.name, group=group.name, provenance=provenance)
-                        record.set(Status.FAILED, f"{group.__qualname__}.patches() returned {child!r}")
+                        record = Record(
+                            "group", group.name, group.name, group=group.name, provenance=provenance
+                        )
+                        record.set(
+                            Status.FAILED, f"{group.__qualname__}.patches() returned {child!r}"
+                        )
                         self._records.append(record)
             elif isinstance(item, AtomicPatch):
                 entries.append(self._new_entry(item, None, provenance))
@@ -511,8 +563,16 @@ class Patcher:
         self._legacy.extend(legacy)
         return _dependency_order(entries), hooks, legacy
 
-    def _new_entry(self, patch: AtomicPatch, group: type[Patch] | None, provenance: Provenance) -> _Entry:
-        record = Record("patch", patch.name, patch.target, group=group.name if group else None, provenance=provenance)
+    def _new_entry(
+        self, patch: AtomicPatch, group: type[Patch] | None, provenance: Provenance
+    ) -> _Entry:
+        record = Record(
+            "patch",
+            patch.name,
+            patch.target,
+            group=group.name if group else None,
+            provenance=provenance,
+        )
         entry = _Entry(patch, record, group.name if group else None, provenance)
         if group is not None and (group.requires or group.after):
             from ._patch import normalize_requires
@@ -525,8 +585,16 @@ class Patcher:
         self._records.append(record)
         return entry
 
-    def _new_hook(self, hook: ModuleHook, provenance: Provenance, group: type[Patch] | None) -> _HookState:
-        record = Record("hook", hook.name, hook.pattern, group=group.name if group else None, provenance=provenance)
+    def _new_hook(
+        self, hook: ModuleHook, provenance: Provenance, group: type[Patch] | None
+    ) -> _HookState:
+        record = Record(
+            "hook",
+            hook.name,
+            hook.pattern,
+            group=group.name if group else None,
+            provenance=provenance,
+        )
         self._records.append(record)
         state = _HookState(hook, record, provenance)
         if hook.name in self._disabled or (group is not None and group.name in self._disabled):
@@ -540,7 +608,10 @@ class Patcher:
         if patch.name in self._disabled:
             record.set(Status.SKIPPED, "disabled")
         elif not patch.target_module:
-            record.set(Status.FAILED, "LegacyPatch needs target_module (use PatcherBuilder.add_module_patch)")
+            record.set(
+                Status.FAILED,
+                "LegacyPatch needs target_module (use PatcherBuilder.add_module_patch)",
+            )
         return state
 
     def _check_conflicts_on_add(self, items: list[PatchLike], existing: bool = True) -> None:
@@ -603,13 +674,18 @@ class Patcher:
             wanted = tuple(entry.patch.after) + tuple(getattr(entry, "extra_after", ()))
             for name in wanted:
                 found = [
-                    d for d in by_name.get(name, [])
+                    d
+                    for d in by_name.get(name, [])
                     if d is not entry and not (name == entry.group and d.group == entry.group)
                 ]
                 if not found:
                     if entry.state == PLANNED:
-                        self._finish(entry, FAILED, Status.FAILED,
-                                     f"after={name!r} names no patch or group of this patcher")
+                        self._finish(
+                            entry,
+                            FAILED,
+                            Status.FAILED,
+                            f"after={name!r} names no patch or group of this patcher",
+                        )
                     break
                 for dep in found:
                     if dep not in entry.deps:
@@ -639,7 +715,9 @@ class Patcher:
                 known.add(record.name)
                 if record.provenance.distribution:
                     known.add(normalize_name(record.provenance.distribution))
-        unknown = sorted(n for n in self._disabled if n not in known and normalize_name(n) not in known)
+        unknown = sorted(
+            n for n in self._disabled if n not in known and normalize_name(n) not in known
+        )
         for name in unknown:
             message = f"disable() names {name!r}, which matches no patch, group, hook or plugin"
             if self._strict:
@@ -648,7 +726,9 @@ class Patcher:
 
     # ------------------------------------------------------------------ starting
 
-    def _start(self, entries: list[_Entry], hooks: list[_HookState], legacy: list[_LegacyState]) -> None:
+    def _start(
+        self, entries: list[_Entry], hooks: list[_HookState], legacy: list[_LegacyState]
+    ) -> None:
         immediate: list[_Entry] = []
         for entry in entries:
             self._advance(entry)
@@ -678,7 +758,9 @@ class Patcher:
                 entry.state = PENDING
                 entry.record.set(Status.PENDING, f"waiting for {waiting_dep.patch.name!r}")
                 return
-            missing_module = next((m for m in entry.patch.after_import if m not in sys.modules), None)
+            missing_module = next(
+                (m for m in entry.patch.after_import if m not in sys.modules), None
+            )
             if missing_module is not None:
                 self._wait_for(entry, missing_module)
                 return
@@ -695,7 +777,9 @@ class Patcher:
         if isinstance(found, Missing):
             with self._lock:
                 if entry.state in (PLANNED, PENDING):
-                    self._finish(entry, SKIPPED, Status.SKIPPED, f"target not found: {found.reason}")
+                    self._finish(
+                        entry, SKIPPED, Status.SKIPPED, f"target not found: {found.reason}"
+                    )
             self._advance_dependents(entry)
             return
         self._install(entry, found)
@@ -704,7 +788,12 @@ class Patcher:
         entry.state = PENDING
         entry.record.set(Status.PENDING, f"waiting for import of {module}")
         if module not in entry.watching:
-            entry.watching[module] = hub.watch(module, lambda _m, e=entry, n=module: self._on_import(e, n))
+            entry.watching[module] = hub.watch(
+                module, functools.partial(self._entry_imported, entry, module)
+            )
+
+    def _entry_imported(self, entry: _Entry, name: str, module: types.ModuleType) -> None:
+        self._on_import(entry, name)
 
     def _on_import(self, entry: _Entry, module: str) -> None:
         with self._lock:
@@ -750,7 +839,9 @@ class Patcher:
                 if not ok:
                     raise _Skip("precheck returned False")
             new_inner = self._build(entry, original)
-            new_raw = adapt_to_descriptor(original_raw, new_inner) if slot.kind == "class" else new_inner
+            new_raw = (
+                adapt_to_descriptor(original_raw, new_inner) if slot.kind == "class" else new_inner
+            )
             entry.original, entry.new_inner = original, new_inner
             site = entry.primary
             slot.install(new_raw)
@@ -770,7 +861,9 @@ class Patcher:
                 self._finish(entry, FAILED, Status.FAILED, f"{reason} [{_who(entry)}]")
             if self._strict:
                 self._advance_dependents(entry)
-                raise PatchError(f"ascend-patch (strict): could not apply {_who(entry)}: {reason}") from exc
+                raise PatchError(
+                    f"ascend-patch (strict): could not apply {_who(entry)}: {reason}"
+                ) from exc
         if entry.state == APPLIED:
             for alias in entry.alias_sites:
                 self._advance_alias(entry, alias)
@@ -788,7 +881,9 @@ class Patcher:
                 replacement = _resolve_string(replacement)
             except ModuleNotFoundError as exc:
                 if patch.target_wrapper is None:
-                    raise _Skip(f"replacement {patch.replacement!r} is not importable: {exc}") from exc
+                    raise _Skip(
+                        f"replacement {patch.replacement!r} is not importable: {exc}"
+                    ) from exc
                 replacement = None
         if replacement is None:
             if patch.target_wrapper is None:
@@ -805,12 +900,18 @@ class Patcher:
             except Exception as exc:
                 raise PatchError(f"replacement_wrapper raised {type(exc).__name__}: {exc}") from exc
         if patch.runtime_check is not None:
-            descriptor = type(replacement) if isinstance(replacement, (staticmethod, classmethod)) else None
+            descriptor = (
+                type(replacement) if isinstance(replacement, (staticmethod, classmethod)) else None
+            )
             function = inner_callable(replacement) if descriptor else replacement
             if not callable(function) or not callable(original):
-                raise PatchError("runtime_check needs a callable replacement and a callable original")
+                raise PatchError(
+                    "runtime_check needs a callable replacement and a callable original"
+                )
             assert entry.counters is not None
-            replacement = make_runtime_check_wrapper(patch.runtime_check, function, original, entry.counters)
+            replacement = make_runtime_check_wrapper(
+                patch.runtime_check, function, original, entry.counters
+            )
             if descriptor is not None:
                 replacement = descriptor(replacement)
         return replacement
@@ -828,9 +929,11 @@ class Patcher:
                     return
                 if site.slot.current() is not trampoline_raw:
                     return
-                new_raw = adapt_to_descriptor(trampoline_raw, state.func) if isinstance(
-                    trampoline_raw, (staticmethod, classmethod)
-                ) else state.func
+                new_raw = (
+                    adapt_to_descriptor(trampoline_raw, state.func)
+                    if isinstance(trampoline_raw, (staticmethod, classmethod))
+                    else state.func
+                )
                 site.slot.install(new_raw)
                 site.installed, site.installed_inner = new_raw, state.func
 
@@ -860,8 +963,12 @@ class Patcher:
             return
         try:
             original = inner_callable(found.raw)
-            new_inner = entry.new_inner if original is entry.original else self._build(entry, original)
-            new_raw = adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
+            new_inner = (
+                entry.new_inner if original is entry.original else self._build(entry, original)
+            )
+            new_raw = (
+                adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
+            )
             found.install(new_raw)
         except Exception as exc:
             entry.record.aliases[path] = f"failed: {exc}"
@@ -890,13 +997,16 @@ class Patcher:
             if not ok:
                 state.record.set(Status.SKIPPED, f"requires {requirement}: {why}")
                 return []
-        state.handle = hub.watch_pattern(hook.pattern, lambda module, s=state: self._visit(s, module))
+        state.handle = hub.watch_pattern(hook.pattern, functools.partial(self._visit_hook, state))
         state.record.set(Status.APPLIED, "watching")
         produced: list[_Entry] = []
         for name, module in sorted(list(sys.modules.items()), key=lambda kv: kv[0]):
             if module is not None and hub_matches(hook.pattern, name):
                 produced.extend(self._visit(state, module))
         return [e for e in produced if e.state == APPLIED]
+
+    def _visit_hook(self, state: _HookState, module: types.ModuleType) -> None:
+        self._visit(state, module)
 
     def _visit(self, state: _HookState, module: types.ModuleType) -> list[_Entry]:
         if id(module) in state.visited or state.record.status not in (Status.APPLIED,):
@@ -912,13 +1022,21 @@ class Patcher:
             message = f"callback failed on {name}: {type(exc).__name__}: {exc}"
             state.record.warnings.append(message)
             if self._strict:
-                raise PatchError(f"ascend-patch (strict): hook {state.hook.name!r} {message}") from exc
+                raise PatchError(
+                    f"ascend-patch (strict): hook {state.hook.name!r} {message}"
+                ) from exc
             return []
         state.modules += 1
         entries = []
         with self._lock:
             for patch in produced:
-                record = Record("patch", patch.name, patch.target, group=state.hook.name, provenance=state.provenance)
+                record = Record(
+                    "patch",
+                    patch.name,
+                    patch.target,
+                    group=state.hook.name,
+                    provenance=state.provenance,
+                )
                 entry = _Entry(patch, record, state.hook.name, state.provenance)
                 if patch.runtime_check is not None:
                     entry.counters = record.counters = CallCounters()
@@ -942,7 +1060,7 @@ class Patcher:
         if module_name in sys.modules:
             self._run_legacy(state, sys.modules[module_name])
         else:
-            state.handle = hub.watch(module_name, lambda module, s=state: self._run_legacy(s, module))
+            state.handle = hub.watch(module_name, functools.partial(self._run_legacy, state))
 
     def _run_legacy(self, state: _LegacyState, module: types.ModuleType) -> None:
         with self._lock:
@@ -955,7 +1073,9 @@ class Patcher:
         except Exception as exc:
             state.record.set(Status.FAILED, f"{type(exc).__name__}: {exc}")
             if self._strict:
-                raise PatchError(f"ascend-patch (strict): legacy patch {state.patch.name!r} failed: {exc}") from exc
+                raise PatchError(
+                    f"ascend-patch (strict): legacy patch {state.patch.name!r} failed: {exc}"
+                ) from exc
             return
         state.record.set(Status.APPLIED, None)
 
@@ -969,7 +1089,9 @@ class Patcher:
         rule.activate(record)
 
     def _apply_env(self, setting: Any, provenance: Provenance) -> None:
-        record = Record("env", setting.name, f"{setting.name}={setting.value}", provenance=provenance)
+        record = Record(
+            "env", setting.name, f"{setting.name}={setting.value}", provenance=provenance
+        )
         current = os.environ.get(setting.name)
         if current is not None:
             record.set(Status.SKIPPED, f"the user set {setting.name}={current}")
@@ -990,20 +1112,26 @@ class Patcher:
             self._records.append(record)
         if self._internal_format is not None:
             value = self._internal_format
-            record = Record("setting", "allow_internal_format", f"torch.npu.config.allow_internal_format={value}")
+            record = Record(
+                "setting",
+                "allow_internal_format",
+                f"torch.npu.config.allow_internal_format={value}",
+            )
             self._records.append(record)
 
             def set_format(_module: types.ModuleType) -> None:
                 try:
                     import torch
 
-                    config = torch.npu.config  # type: ignore[attr-defined]
+                    config = torch.npu.config
                     previous = config.allow_internal_format
                     config.allow_internal_format = value
                 except Exception as exc:
                     record.set(Status.FAILED, f"cannot set it: {exc!r}")
                     return
-                self._setting_restores.append(lambda: setattr(config, "allow_internal_format", previous))
+                self._setting_restores.append(
+                    lambda: setattr(config, "allow_internal_format", previous)
+                )
                 record.set(Status.APPLIED, None)
 
             if "torch_npu" in sys.modules:
@@ -1017,14 +1145,22 @@ class Patcher:
 
     def _scan_stale(self, entries: list[_Entry]) -> None:
         candidates = [
-            e for e in entries
-            if e.primary.slot is not None and e.primary.slot.kind == "module" and e.original is not None
+            e
+            for e in entries
+            if e.primary.slot is not None
+            and e.primary.slot.kind == "module"
+            and e.original is not None
             and not isinstance(e.original, (types.ModuleType, int, float, str, bool, type(None)))
         ]
         if not candidates:
             return
         originals = {id(e.original): e.original for e in candidates}
-        exclude = {id(s.slot.owner) for e in candidates for s in (e.primary, *e.alias_sites) if s.slot is not None}
+        exclude = {
+            id(s.slot.owner)
+            for e in candidates
+            for s in (e.primary, *e.alias_sites)
+            if s.slot is not None
+        }
         prefixes = {"ascend_patch_core"}
         for e in candidates:
             for obj in (e.new_inner, e.patch.replacement):
@@ -1095,7 +1231,9 @@ class Patcher:
                 hub.unwatch(state.handle)
             if state.record.status is Status.APPLIED:
                 state.record.set(Status.APPLIED, "a legacy patch function cannot be reverted")
-                self._warn(f"legacy patch {state.patch.name!r} cannot be reverted; its changes remain")
+                self._warn(
+                    f"legacy patch {state.patch.name!r} cannot be reverted; its changes remain"
+                )
         for restore in reversed(restores):
             restore()
         for rule, record in reversed(rules):
@@ -1124,7 +1262,12 @@ class Patcher:
         owners: set[int] = set()
         for site in log:
             slot = site.slot
-            if slot is None or slot.kind != "module" or not slot.own or not callable(site.installed_inner):
+            if (
+                slot is None
+                or slot.kind != "module"
+                or not slot.own
+                or not callable(site.installed_inner)
+            ):
                 continue
             pairs[id(site.installed_inner)] = (site.installed_inner, slot.raw)
             owners.add(id(slot.owner))

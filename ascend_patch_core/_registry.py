@@ -125,8 +125,10 @@ def _is_patch_like(item: object) -> bool:
 
 
 def _describe_import_failure(info: EntryPointInfo, exc: BaseException) -> str:
-    if isinstance(exc, ModuleNotFoundError) and exc.name and (
-        info.module == exc.name or info.module.startswith(exc.name + ".")
+    if (
+        isinstance(exc, ModuleNotFoundError)
+        and exc.name
+        and (info.module == exc.name or info.module.startswith(exc.name + "."))
     ):
         return (
             f"its module {info.module!r} does not exist; reinstall {info.distribution}"
@@ -159,18 +161,31 @@ def load_plugins(
     for info in infos:
         known |= _names_of(info)
     known |= {name for name, _ in selection.extra}
-    for label, names in (("ASCEND_PATCH_DISABLE", selection.disable), ("ASCEND_PATCH_PLUGINS", selection.allow)):
-        unknown = sorted(n for n in names or () if n != "*" and n not in known and normalize_name(n) not in known)
+    for label, listed in (
+        ("ASCEND_PATCH_DISABLE", selection.disable),
+        ("ASCEND_PATCH_PLUGINS", selection.allow),
+    ):
+        unknown = sorted(
+            n
+            for n in listed or ()
+            if n != "*" and n not in known and normalize_name(n) not in known
+        )
         for name in unknown:
             hint = difflib.get_close_matches(name, sorted(known), n=1)
             warnings.append(
                 f"{label} names {name!r}, which is not an installed plugin"
-                + (f" (did you mean {hint[0]!r}?)" if hint else f" (installed: {', '.join(sorted(known)) or 'none'})")
+                + (
+                    f" (did you mean {hint[0]!r}?)"
+                    if hint
+                    else f" (installed: {', '.join(sorted(known)) or 'none'})"
+                )
             )
 
     candidates: list[tuple[str, Provenance, EntryPointInfo | None, object | None]] = []
     for info in infos:
-        prov = Provenance(info.name, info.distribution, info.version, f"{info.name} = {info.value}", None)
+        prov = Provenance(
+            info.name, info.distribution, info.version, f"{info.name} = {info.value}", None
+        )
         candidates.append((info.name, prov, info, None))
     for name, obj in selection.extra:
         prov = Provenance(name, None, None, None, getattr(obj, "__file__", None))
@@ -178,23 +193,27 @@ def load_plugins(
 
     disabled_all = "*" in selection.disable
     normalized_disable = {normalize_name(n) for n in selection.disable} | set(selection.disable)
-    normalized_allow = None if selection.allow is None else (
-        {normalize_name(n) for n in selection.allow} | set(selection.allow)
+    normalized_allow = (
+        None
+        if selection.allow is None
+        else ({normalize_name(n) for n in selection.allow} | set(selection.allow))
     )
-    for name, prov, info, obj in candidates:
-        names = _names_of(info) if info is not None else {name}
+    for name, prov, ep_info, obj in candidates:
+        names = _names_of(ep_info) if ep_info is not None else {name}
         record = Record("plugin", name, prov.entry_point or name, provenance=prov)
         records.append(record)
         if disabled_all or names & normalized_disable:
-            record.set(Status.SKIPPED, "disabled by ASCEND_PATCH_DISABLE" if info else "disabled")
+            record.set(
+                Status.SKIPPED, "disabled by ASCEND_PATCH_DISABLE" if ep_info else "disabled"
+            )
             continue
-        if normalized_allow is not None and info is not None and not names & normalized_allow:
+        if normalized_allow is not None and ep_info is not None and not names & normalized_allow:
             record.set(Status.SKIPPED, "not in ASCEND_PATCH_PLUGINS")
             continue
-        if info is not None and not selection.autoload and normalized_allow is None:
+        if ep_info is not None and not selection.autoload and normalized_allow is None:
             record.set(Status.SKIPPED, "ASCEND_PATCH_AUTOLOAD=0")
             continue
-        plugin = _load_one(pm, name, prov, info, obj, record)
+        plugin = _load_one(pm, name, prov, ep_info, obj, record)
         if plugin is not None:
             loaded.append(plugin)
     return loaded, records, warnings
@@ -225,12 +244,18 @@ def _load_one(
         except Exception as exc:
             _fail(record, _describe_import_failure(info, exc))
             return None
-    file = getattr(obj, "__file__", None) or getattr(getattr(obj, "__class__", None), "__module__", None)
+    file = getattr(obj, "__file__", None) or getattr(
+        getattr(obj, "__class__", None), "__module__", None
+    )
     prov = Provenance(prov.plugin, prov.distribution, prov.version, prov.entry_point, file)
     record.provenance = prov
 
     marker = f"{_hookspecs.PROJECT_NAME}_impl"
-    attributes = vars(obj) if isinstance(obj, types.ModuleType) else {a: getattr(obj, a, None) for a in dir(obj)}
+    attributes = (
+        vars(obj)
+        if isinstance(obj, types.ModuleType)
+        else {a: getattr(obj, a, None) for a in dir(obj)}
+    )
     for attr, value in sorted(attributes.items()):
         if attr.startswith("__"):
             continue
@@ -239,7 +264,11 @@ def _load_one(
             _fail(
                 record,
                 f"implements unknown hook {attr!r}"
-                + (f"; did you mean {hint[0]!r}?" if hint else f"; known hooks: {', '.join(HOOK_NAMES)}"),
+                + (
+                    f"; did you mean {hint[0]!r}?"
+                    if hint
+                    else f"; known hooks: {', '.join(HOOK_NAMES)}"
+                ),
             )
             return None
         if attr in HOOK_NAMES and callable(value) and getattr(value, marker, None) is None:
@@ -260,14 +289,19 @@ def _load_one(
                 try:
                     result = impl.function()
                 except Exception as exc:
-                    raise _HookFailure(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
+                    raise _HookFailure(
+                        f"hook {hook_name} raised {type(exc).__name__}: {exc}"
+                    ) from exc
                 _collect(plugin, hook_name, result)
     except _HookFailure as exc:
         pm.unregister(obj)
         _fail(record, str(exc))
         return None
     n = len(plugin.patches)
-    record.set(Status.APPLIED, f"{n} patch declaration{'s' if n != 1 else ''}, {len(plugin.rules)} import rules")
+    record.set(
+        Status.APPLIED,
+        f"{n} patch declaration{'s' if n != 1 else ''}, {len(plugin.rules)} import rules",
+    )
     return plugin
 
 

@@ -217,7 +217,9 @@ class Report:
 
     def table(self, *, verbose: bool = False) -> str:
         """A compact fixed-width table, one line per record, grouped by kind."""
-        rows = [r for r in self.records if verbose or r.kind != "plugin" or r.status is Status.FAILED]
+        rows = [
+            r for r in self.records if verbose or r.kind != "plugin" or r.status is Status.FAILED
+        ]
         lines: list[str] = []
         counts = ", ".join(f"{n} {s}" for s, n in self.counts().items() if n)
         lines.append(f"ascend-patch: {counts or 'nothing registered'}")
@@ -226,9 +228,13 @@ class Report:
             for r in rows:
                 reason = f"  {r.reason}" if r.reason else ""
                 origin = "" if r.provenance.plugin is None else f"  [{r.provenance.plugin}]"
-                lines.append(f"  {r.status.value:<8} {r.kind:<6} {r.target:<{width}}{origin}{reason}")
+                lines.append(
+                    f"  {r.status.value:<8} {r.kind:<6} {r.target:<{width}}{origin}{reason}"
+                )
                 if verbose:
-                    lines.extend(f"           alias {path}: {state}" for path, state in r.aliases.items())
+                    lines.extend(
+                        f"           alias {path}: {state}" for path, state in r.aliases.items()
+                    )
                     if r.counters is not None:
                         c = r.counters
                         lines.append(
@@ -236,7 +242,9 @@ class Report:
                             f" {c.fallback_calls} fallback"
                         )
                 if r.stale_holders:
-                    lines.append(f"           still holding the original: {', '.join(r.stale_holders)}")
+                    lines.append(
+                        f"           still holding the original: {', '.join(r.stale_holders)}"
+                    )
         lines.extend(f"  warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 

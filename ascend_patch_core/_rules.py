@@ -29,7 +29,11 @@ __all__ = ["ImportRule", "InjectImport", "ReplaceImport", "SkipImport"]
 
 
 def _module_name(name: object, where: str) -> str:
-    if not isinstance(name, str) or not name or not all(_IDENTIFIER.fullmatch(p) for p in name.split(".")):
+    if (
+        not isinstance(name, str)
+        or not name
+        or not all(_IDENTIFIER.fullmatch(p) for p in name.split("."))
+    ):
         raise PatchDefinitionError(f"{where}: {name!r} is not a dotted module name")
     return name
 
@@ -77,7 +81,9 @@ class _ServedRule(ImportRule):
     def activate(self, record: Record) -> None:
         self.record = record
         if self.module in sys.modules:
-            record.set(Status.SKIPPED, f"{self.module} was already imported; the rule cannot take effect")
+            record.set(
+                Status.SKIPPED, f"{self.module} was already imported; the rule cannot take effect"
+            )
             return
         hub.serve(self.module, self, subtree=self.subtree)
         record.set(Status.PENDING, f"takes effect when {self.module} is imported")
@@ -88,6 +94,12 @@ class _ServedRule(ImportRule):
         return []
 
     # ServedModule protocol
+    def build(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        raise NotImplementedError
+
+    def is_package(self, fullname: str) -> bool:
+        raise NotImplementedError
+
     def origin(self, fullname: str) -> str:
         return f"ascend-patch:{self.kind}"
 
@@ -135,8 +147,10 @@ class ReplaceImport(_ServedRule):
 
     def __init__(self, module: str, replacement: Any = None, /, **exports: Any) -> None:
         super().__init__(_module_name(module, "ReplaceImport"))
-        if replacement is not None and not isinstance(replacement, (str, types.ModuleType)) and not callable(
-            replacement
+        if (
+            replacement is not None
+            and not isinstance(replacement, (str, types.ModuleType))
+            and not callable(replacement)
         ):
             raise PatchDefinitionError(
                 f"ReplaceImport({module!r}): replacement must be None, a module, a factory or a dotted name,"
@@ -158,8 +172,13 @@ class ReplaceImport(_ServedRule):
     def describe(self) -> str:
         r = self.replacement
         target = (
-            "exports" if r is None else r.__name__ if isinstance(r, types.ModuleType) else
-            r if isinstance(r, str) else getattr(r, "__qualname__", repr(r))
+            "exports"
+            if r is None
+            else r.__name__
+            if isinstance(r, types.ModuleType)
+            else r
+            if isinstance(r, str)
+            else getattr(r, "__qualname__", repr(r))
         )
         return f"replace {self.module} -> {target}"
 
@@ -178,12 +197,16 @@ class ReplaceImport(_ServedRule):
                     try:
                         return getattr(base, name)
                     except AttributeError:
-                        raise AttributeError(f"module {fullname!r} has no attribute {name!r}") from None
+                        raise AttributeError(
+                            f"module {fullname!r} has no attribute {name!r}"
+                        ) from None
 
-                module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+                vars(module)["__getattr__"] = __getattr__
                 module.__ascend_patch_base__ = base  # type: ignore[attr-defined]
             elif replacement is not None:
-                factory = _load_factory(replacement) if isinstance(replacement, str) else replacement
+                factory = (
+                    _load_factory(replacement) if isinstance(replacement, str) else replacement
+                )
                 made = factory(fullname)
                 if isinstance(made, types.ModuleType):
                     if made.__name__ != fullname:
@@ -194,13 +217,17 @@ class ReplaceImport(_ServedRule):
                 elif isinstance(made, Mapping):
                     module.__dict__.update(made)
                 else:
-                    raise TypeError(f"the factory returned {type(made).__name__}; expected a module or a mapping")
+                    raise TypeError(
+                        f"the factory returned {type(made).__name__}; expected a module or a mapping"
+                    )
             module.__dict__.update(self.exports)
             return module
         except Exception as exc:
             if self.record is not None:
                 self.record.set(Status.FAILED, f"could not build the module: {exc!r}")
-            raise ImportRuleError(f"ascend-patch {self.describe()}: could not build the module: {exc}") from exc
+            raise ImportRuleError(
+                f"ascend-patch {self.describe()}: could not build the module: {exc}"
+            ) from exc
 
 
 def _load_factory(path: str) -> Callable[[str], Any]:
@@ -259,9 +286,9 @@ class InjectImport(ImportRule):
         setattr(module, self.name, value)
         old_all = vars(module).get("__all__")
         if isinstance(old_all, list):
-            module.__all__ = [*old_all, self.name]
+            vars(module)["__all__"] = [*old_all, self.name]
         elif isinstance(old_all, tuple):
-            module.__all__ = (*old_all, self.name)
+            vars(module)["__all__"] = (*old_all, self.name)
         self._injected = (module, value, old_all)
         record.set(Status.APPLIED, None)
 
@@ -275,8 +302,10 @@ class InjectImport(ImportRule):
             if vars(module).get(self.name) is value:
                 delattr(module, self.name)
                 if isinstance(old_all, (list, tuple)):
-                    module.__all__ = old_all
+                    vars(module)["__all__"] = old_all
             else:
-                warnings.append(f"{self.module}.{self.name} was changed after injection; left as is")
+                warnings.append(
+                    f"{self.module}.{self.name} was changed after injection; left as is"
+                )
             self._injected = None
         return warnings

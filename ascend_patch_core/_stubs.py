@@ -32,8 +32,11 @@ _REASON = "it is skipped by ascend-patch skip_import"
 
 
 def _is_decoratable(obj: object) -> bool:
-    return inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj) or isinstance(
-        obj, (staticmethod, classmethod, property, types.BuiltinFunctionType)
+    return (
+        inspect.isfunction(obj)
+        or inspect.isclass(obj)
+        or inspect.ismethod(obj)
+        or isinstance(obj, (staticmethod, classmethod, property, types.BuiltinFunctionType))
     )
 
 
@@ -102,7 +105,12 @@ class _StubBase(metaclass=_StubMeta):
 
 def _make_stub_class(path: str, module: str) -> type:
     name = path.rpartition(".")[2]
-    namespace = {"__stub_path__": path, "__stub_module__": module, "__module__": module, "__qualname__": name}
+    namespace = {
+        "__stub_path__": path,
+        "__stub_module__": module,
+        "__module__": module,
+        "__qualname__": name,
+    }
     return _StubMeta(name, (_StubBase,), namespace)
 
 
@@ -136,12 +144,44 @@ class _StubResult:
 
 
 for _dunder in (
-    "__bool__", "__len__", "__iter__", "__getitem__", "__setitem__", "__delitem__", "__contains__",
-    "__setattr__", "__enter__", "__exit__", "__await__", "__index__", "__int__", "__float__",
-    "__complex__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
-    "__matmul__", "__rmatmul__", "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__",
-    "__mod__", "__pow__", "__neg__", "__pos__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__",
-    "__array__", "__fspath__",
+    "__bool__",
+    "__len__",
+    "__iter__",
+    "__getitem__",
+    "__setitem__",
+    "__delitem__",
+    "__contains__",
+    "__setattr__",
+    "__enter__",
+    "__exit__",
+    "__await__",
+    "__index__",
+    "__int__",
+    "__float__",
+    "__complex__",
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__matmul__",
+    "__rmatmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__floordiv__",
+    "__rfloordiv__",
+    "__mod__",
+    "__pow__",
+    "__neg__",
+    "__pos__",
+    "__abs__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__array__",
+    "__fspath__",
 ):
     setattr(_StubResult, _dunder, _StubResult._fail)
 
@@ -177,10 +217,12 @@ class StubModule(types.ModuleType):
 def new_stub_module(name: str) -> StubModule:
     module = StubModule(name, f"Stub for {name}: {_REASON}.")
     module.__path__ = []  # a package, so any submodule can be imported
-    module.__all__ = []
+    vars(module)["__all__"] = []
     return module
 
 
 def is_stub(obj: object) -> bool:
     """True for a stub module, a stub attribute, or the result of calling one."""
-    return isinstance(obj, (StubModule, _StubResult)) or (isinstance(obj, _StubMeta) and obj._pure())
+    return isinstance(obj, (StubModule, _StubResult)) or (
+        isinstance(obj, _StubMeta) and obj._pure()
+    )

@@ -65,7 +65,11 @@ class TargetPath:
         rest = text
         if ":" in text:
             module, _, rest = text.partition(":")
-            if not module or not rest or not all(_IDENTIFIER.fullmatch(p) for p in module.split(".")):
+            if (
+                not module
+                or not rest
+                or not all(_IDENTIFIER.fullmatch(p) for p in module.split("."))
+            ):
                 raise PatchDefinitionError(
                     f"invalid target path {text!r}: write 'package.module:Attribute.attr'"
                 )
@@ -79,7 +83,9 @@ class TargetPath:
                 f"invalid target path {text!r}: name a module and an attribute, e.g. 'torch.matmul'"
             )
         if segments[0].is_key:
-            raise PatchDefinitionError(f"invalid target path {text!r}: must start with a module name")
+            raise PatchDefinitionError(
+                f"invalid target path {text!r}: must start with a module name"
+            )
         return cls(text, module, tuple(segments))
 
     @property
@@ -98,7 +104,9 @@ def _split(text: str, whole: str) -> list[Segment]:
         if text[pos] == "[":
             m = _BRACKET.match(text, pos)
             if not m:
-                raise PatchDefinitionError(f"invalid target path {whole!r}: bad key near {text[pos:]!r}")
+                raise PatchDefinitionError(
+                    f"invalid target path {whole!r}: bad key near {text[pos:]!r}"
+                )
             out.append(Segment(m.group(1) if m.group(1) is not None else m.group(2), True))
             pos = m.end()
             if pos < n and text[pos] == ".":
@@ -106,7 +114,9 @@ def _split(text: str, whole: str) -> list[Segment]:
             continue
         m = _IDENTIFIER.match(text, pos)
         if not m:
-            raise PatchDefinitionError(f"invalid target path {whole!r}: bad name near {text[pos:]!r}")
+            raise PatchDefinitionError(
+                f"invalid target path {whole!r}: bad name near {text[pos:]!r}"
+            )
         out.append(Segment(m.group(0)))
         pos = m.end()
         if pos < n:
@@ -115,7 +125,9 @@ def _split(text: str, whole: str) -> list[Segment]:
                 if pos == n:
                     raise PatchDefinitionError(f"invalid target path {whole!r}: ends with '.'")
             elif text[pos] != "[":
-                raise PatchDefinitionError(f"invalid target path {whole!r}: bad name near {text[pos:]!r}")
+                raise PatchDefinitionError(
+                    f"invalid target path {whole!r}: bad name near {text[pos:]!r}"
+                )
     return out
 
 
@@ -230,7 +242,11 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
                 module_name = value.__name__
             obj = value
             continue
-        if isinstance(obj, Mapping) and not isinstance(obj, type) and (seg.is_key or seg.name not in _attrs(obj)):
+        if (
+            isinstance(obj, Mapping)
+            and not isinstance(obj, type)
+            and (seg.is_key or seg.name not in _attrs(obj))
+        ):
             if seg.name not in obj:
                 if last and create and isinstance(obj, MutableMapping):
                     return Slot("item", obj, seg.name, _ABSENT, False, module_name)
@@ -243,14 +259,14 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
             continue
         if seg.is_key:
             return Missing(f"{_describe_prefix(segments[:index])} is not a mapping")
-        if isinstance(obj, type):
-            if last:
-                for klass in obj.__mro__:
-                    if seg.name in vars(klass):
-                        return Slot("class", obj, seg.name, vars(klass)[seg.name], klass is obj, module_name)
-                if create:
-                    return Slot("class", obj, seg.name, _ABSENT, False, module_name)
-                return Missing(f"{obj.__qualname__} has no attribute {seg.name!r}")
+        if isinstance(obj, type) and last:
+            for klass in obj.__mro__:
+                if seg.name in vars(klass):
+                    raw = vars(klass)[seg.name]
+                    return Slot("class", obj, seg.name, raw, klass is obj, module_name)
+            if create:
+                return Slot("class", obj, seg.name, _ABSENT, False, module_name)
+            return Missing(f"{obj.__qualname__} has no attribute {seg.name!r}")
         if last:
             try:
                 own_dict = vars(obj)

@@ -42,7 +42,9 @@ def _parse(spec: str | Sequence[str]) -> list[tuple[str, str | None, str]]:
     if isinstance(spec, str):
         m = _AS.match(spec)
         if not m:
-            raise PatchDefinitionError(f"with_imports: invalid spec {spec!r}; write 'pkg.mod' or 'pkg.mod as name'")
+            raise PatchDefinitionError(
+                f"with_imports: invalid spec {spec!r}; write 'pkg.mod' or 'pkg.mod as name'"
+            )
         path, alias = m.group(1), m.group(2)
         return [(path, None, alias or path.rpartition(".")[2])]
     if isinstance(spec, (tuple, list)) and len(spec) >= 2 and all(isinstance(s, str) for s in spec):
@@ -53,7 +55,9 @@ def _parse(spec: str | Sequence[str]) -> list[tuple[str, str | None, str]]:
         for item in spec[1:]:
             m = _AS.match(item)
             if not m or "." in m.group(1):
-                raise PatchDefinitionError(f"with_imports: invalid name {item!r} in {spec!r}; write 'name' or 'name as alias'")
+                raise PatchDefinitionError(
+                    f"with_imports: invalid name {item!r} in {spec!r}; write 'name' or 'name as alias'"
+                )
             out.append((module, m.group(1), m.group(2) or m.group(1)))
         return out
     raise PatchDefinitionError(
@@ -77,7 +81,7 @@ class LazyImports:
         with self._lock:
             if self.resolved:
                 return
-            namespace = self.func.__globals__  # type: ignore[attr-defined]
+            namespace = self.func.__globals__
             values: dict[str, Any] = {}
             for module, attribute, bound in self.specs:
                 values[bound] = _load(module, attribute, self.func)

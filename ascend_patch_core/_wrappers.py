@@ -77,13 +77,14 @@ def _same_parameters(a: inspect.Signature, b: inspect.Signature) -> bool:
     pa, pb = list(a.parameters.values()), list(b.parameters.values())
     if len(pa) != len(pb):
         return False
-    for x, y in zip(pa, pb):
+    for x, y in zip(pa, pb, strict=True):
         if x.name != y.name or x.kind != y.kind:
             return False
         # Defaults are passed explicitly to whichever function runs, so both must
         # have the very same default or the fallback would change behaviour.
         if x.default is not y.default and not (
-            type(x.default) is type(y.default) and type(x.default) in (int, float, str, bool, bytes)
+            type(x.default) is type(y.default)
+            and type(x.default) in (int, float, str, bool, bytes)
             and x.default == y.default
         ):
             return False
@@ -104,7 +105,9 @@ def _fixed_signature_wrapper(
         return None
     # The check must accept what the replacement receives (defaults filled in);
     # otherwise keep exact call-through semantics with the generic wrapper.
-    probe_args = [object() for p in params if p.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)]
+    probe_args = [
+        object() for p in params if p.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
+    ]
     probe_kwargs = {p.name: object() for p in params if p.kind is _P.KEYWORD_ONLY}
     try:
         sig_c.bind(*probe_args, **probe_kwargs)
@@ -166,6 +169,13 @@ def _fixed_signature_wrapper(
         f"    _ap_tick_fallback()\n"
         f"    return _ap_original({args})\n"
     )
-    exec(compile(source, f"<ascend-patch runtime_check {getattr(replacement, '__qualname__', '?')}>", "exec"), namespace)
+    exec(
+        compile(
+            source,
+            f"<ascend-patch runtime_check {getattr(replacement, '__qualname__', '?')}>",
+            "exec",
+        ),
+        namespace,
+    )
     wrapper: Callable[..., Any] = namespace["runtime_checked"]
     return wrapper
