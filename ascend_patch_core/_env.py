@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ._errors import PatchDefinitionError
 
@@ -13,23 +12,33 @@ from ._errors import PatchDefinitionError
 __all__ = ["EnvSetting", "normalize_env"]
 
 
-@dataclass(frozen=True)
 class EnvSetting:
     """A recommended environment variable: written only if the user has not set it."""
 
-    name: str
-    value: str
-    why: str = ""
-
     __module__ = "ascend_patch_core"
+    __slots__ = ("name", "value", "why")
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or "=" in self.name:
-            raise PatchDefinitionError(f"EnvSetting: invalid variable name {self.name!r}")
-        if not isinstance(self.value, str):
+    def __init__(self, name: str, value: str, why: str = "") -> None:
+        if not isinstance(name, str) or not name or "=" in name:
+            raise PatchDefinitionError(f"EnvSetting: invalid variable name {name!r}")
+        if not isinstance(value, str):
             raise PatchDefinitionError(
-                f"EnvSetting({self.name!r}): value must be a string, got {self.value!r}"
+                f"EnvSetting({name!r}): value must be a string, got {value!r}"
             )
+        self.name = name
+        self.value = value
+        self.why = why
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EnvSetting):
+            return NotImplemented
+        return (self.name, self.value, self.why) == (other.name, other.value, other.why)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.value, self.why))
+
+    def __repr__(self) -> str:
+        return f"EnvSetting({self.name!r}, {self.value!r}, why={self.why!r})"
 
     def user_value(self) -> str | None:
         return os.environ.get(self.name)

@@ -20,8 +20,8 @@ import marshal
 import os
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
+from typing import NamedTuple
 
 
 __all__ = ["EntryPointInfo", "MetadataCache", "metadata", "normalize_name"]
@@ -44,8 +44,7 @@ def normalize_name(name: str) -> str:
     return "".join(out)
 
 
-@dataclass(frozen=True)
-class EntryPointInfo:
+class EntryPointInfo(NamedTuple):
     name: str
     value: str
     group: str

@@ -18,9 +18,8 @@ import os
 import types
 from collections.abc import Iterable
 from collections.abc import Sequence
-from dataclasses import dataclass
-from dataclasses import field
 from typing import Any
+from typing import NamedTuple
 
 from . import _hookspecs
 from ._env import EnvSetting
@@ -52,8 +51,7 @@ def _split_names(value: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(i.strip() for i in items if i and i.strip())
 
 
-@dataclass(frozen=True)
-class PluginSelection:
+class PluginSelection(NamedTuple):
     """Which plugins load. Built from the environment, overridable in the API.
 
     * ``disable`` -- ``ASCEND_PATCH_DISABLE``: entry-point or distribution names; ``*`` = all.
@@ -104,14 +102,16 @@ class PluginSelection:
         )
 
 
-@dataclass
 class LoadedPlugin:
-    name: str
-    provenance: Provenance
-    record: Record
-    env: list[EnvSetting] = field(default_factory=list)
-    rules: list[ImportRule] = field(default_factory=list)
-    patches: list[PatchLike] = field(default_factory=list)
+    """A healthy plugin and what its hooks declared."""
+
+    def __init__(self, name: str, provenance: Provenance, record: Record) -> None:
+        self.name = name
+        self.provenance = provenance
+        self.record = record
+        self.env: list[EnvSetting] = []
+        self.rules: list[ImportRule] = []
+        self.patches: list[PatchLike] = []
 
 
 def _names_of(info: EntryPointInfo) -> set[str]:

@@ -6,9 +6,8 @@ import enum
 import itertools
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from dataclasses import field
 from typing import Any
+from typing import NamedTuple
 
 
 __all__ = ["CallCounters", "Provenance", "Record", "Report", "Status"]
@@ -34,8 +33,7 @@ class Status(str, enum.Enum):
         return self.value
 
 
-@dataclass(frozen=True)
-class Provenance:
+class Provenance(NamedTuple):
     """Where a patch came from: a plugin's distribution, or the user's own code."""
 
     plugin: str | None = None
@@ -43,8 +41,6 @@ class Provenance:
     version: str | None = None
     entry_point: str | None = None
     file: str | None = None
-
-    __module__ = "ascend_patch_core"
 
     def __str__(self) -> str:
         if self.plugin is None:
@@ -54,15 +50,10 @@ class Provenance:
         return self.plugin
 
     def as_dict(self) -> dict[str, str | None]:
-        return {
-            "plugin": self.plugin,
-            "distribution": self.distribution,
-            "version": self.version,
-            "entry_point": self.entry_point,
-            "file": self.file,
-        }
+        return dict(self._asdict())
 
 
+Provenance.__module__ = "ascend_patch_core"
 USER = Provenance()
 
 
@@ -101,27 +92,55 @@ class CallCounters:
         }
 
 
-@dataclass(eq=False)
 class Record:
     """The live state of one patch, rule or plugin. Updated as imports happen."""
 
-    kind: str
-    name: str
-    target: str
-    status: Status = Status.PENDING
-    reason: str | None = None
-    group: str | None = None
-    provenance: Provenance = USER
-    #: Modules that still hold the original object (``from x import f`` made before apply).
-    stale_holders: list[str] = field(default_factory=list)
-    #: Holders that were rebound to the replacement (opt-in).
-    rebound_holders: list[str] = field(default_factory=list)
-    #: Status of each alias target, by path.
-    aliases: dict[str, str] = field(default_factory=dict)
-    counters: CallCounters | None = None
-    warnings: list[str] = field(default_factory=list)
-
     __module__ = "ascend_patch_core"
+    __slots__ = (
+        "aliases",
+        "counters",
+        "group",
+        "kind",
+        "name",
+        "provenance",
+        "reason",
+        "rebound_holders",
+        "stale_holders",
+        "status",
+        "target",
+        "warnings",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        target: str,
+        status: Status = Status.PENDING,
+        reason: str | None = None,
+        group: str | None = None,
+        provenance: Provenance = USER,
+    ) -> None:
+        #: "patch", "group", "hook", "legacy", "rule", "plugin", "env" or "setting".
+        self.kind = kind
+        self.name = name
+        self.target = target
+        self.status = status
+        self.reason = reason
+        self.group = group
+        self.provenance = provenance
+        #: Modules that still hold the original object (``from x import f`` made before apply).
+        self.stale_holders: list[str] = []
+        #: Holders that were rebound to the replacement (opt-in).
+        self.rebound_holders: list[str] = []
+        #: Status of each alias target, by path.
+        self.aliases: dict[str, str] = {}
+        #: Replacement/fallback call counts of a runtime_check patch.
+        self.counters: CallCounters | None = None
+        self.warnings: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"<Record {self.kind} {self.name!r} {self.status.value}>"
 
     def set(self, status: Status, reason: str | None = None) -> None:
         self.status = status

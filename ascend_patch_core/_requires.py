@@ -16,7 +16,7 @@ from ._metadata import MetadataCache
 
 __all__ = ["check_requirement"]
 
-_HEAD = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*$")
+_HEAD = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*$"
 
 
 def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
@@ -39,7 +39,7 @@ def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
 
 
 def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
-    match = _HEAD.match(text)
+    match = re.match(_HEAD, text)
     if not match or any(c in text for c in ";[@"):
         from packaging.requirements import InvalidRequirement
         from packaging.requirements import Requirement

@@ -22,18 +22,14 @@ from ._hub import hub
 from ._report import Record
 from ._report import Status
 from ._stubs import new_stub_module
-from ._target import _IDENTIFIER
+from ._target import is_dotted_name
 
 
 __all__ = ["ImportRule", "InjectImport", "ReplaceImport", "SkipImport"]
 
 
 def _module_name(name: object, where: str) -> str:
-    if (
-        not isinstance(name, str)
-        or not name
-        or not all(_IDENTIFIER.fullmatch(p) for p in name.split("."))
-    ):
+    if not isinstance(name, str) or not name or not is_dotted_name(name):
         raise PatchDefinitionError(f"{where}: {name!r} is not a dotted module name")
     return name
 
@@ -250,7 +246,7 @@ class InjectImport(ImportRule):
     def __init__(self, source_module: str, name: str, target_module: str) -> None:
         super().__init__(_module_name(target_module, "InjectImport"))
         self.source_module = _module_name(source_module, "InjectImport")
-        if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+        if not isinstance(name, str) or not name.isidentifier():
             raise PatchDefinitionError(f"InjectImport: {name!r} is not an attribute name")
         self.name = name
         self._handle: Any = None

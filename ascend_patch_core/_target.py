@@ -21,8 +21,8 @@ import sys
 import types
 from collections.abc import Mapping
 from collections.abc import MutableMapping
-from dataclasses import dataclass
 from typing import Any
+from typing import NamedTuple
 
 from ._errors import PatchDefinitionError
 
@@ -37,19 +37,23 @@ __all__ = [
     "inner_callable",
 ]
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_BRACKET = re.compile(r"""\[(?:'([^']*)'|"([^"]*)")\]""")
+# Patterns are compiled on first use (re caches them): import time is budgeted.
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_BRACKET = r"""\[(?:'([^']*)'|"([^"]*)")\]"""
 
 
-@dataclass(frozen=True)
-class Segment:
+def is_dotted_name(text: str) -> bool:
+    """True for 'a', 'a.b_c.d': what a module path or attribute chain may look like."""
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
+class Segment(NamedTuple):
     name: str
     #: Written as ``['key']``: always a mapping key, never an attribute.
     is_key: bool = False
 
 
-@dataclass(frozen=True)
-class TargetPath:
+class TargetPath(NamedTuple):
     """A parsed target path."""
 
     text: str
@@ -65,11 +69,7 @@ class TargetPath:
         rest = text
         if ":" in text:
             module, _, rest = text.partition(":")
-            if (
-                not module
-                or not rest
-                or not all(_IDENTIFIER.fullmatch(p) for p in module.split("."))
-            ):
+            if not module or not rest or not is_dotted_name(module):
                 raise PatchDefinitionError(
                     f"invalid target path {text!r}: write 'package.module:Attribute.attr'"
                 )
@@ -102,7 +102,7 @@ def _split(text: str, whole: str) -> list[Segment]:
     n = len(text)
     while pos < n:
         if text[pos] == "[":
-            m = _BRACKET.match(text, pos)
+            m = re.compile(_BRACKET).match(text, pos)
             if not m:
                 raise PatchDefinitionError(
                     f"invalid target path {whole!r}: bad key near {text[pos:]!r}"
@@ -112,7 +112,7 @@ def _split(text: str, whole: str) -> list[Segment]:
             if pos < n and text[pos] == ".":
                 pos += 1
             continue
-        m = _IDENTIFIER.match(text, pos)
+        m = re.compile(_IDENTIFIER).match(text, pos)
         if not m:
             raise PatchDefinitionError(
                 f"invalid target path {whole!r}: bad name near {text[pos:]!r}"
@@ -134,22 +134,19 @@ def _split(text: str, whole: str) -> list[Segment]:
 # ----------------------------------------------------------------------------- resolution
 
 
-@dataclass(frozen=True)
-class Waiting:
+class Waiting(NamedTuple):
     """The target lives in (or below) a module that is not imported yet."""
 
     module: str
 
 
-@dataclass(frozen=True)
-class Missing:
+class Missing(NamedTuple):
     """The target cannot exist here: its module is loaded and the name is absent."""
 
     reason: str
 
 
-@dataclass(frozen=True)
-class Slot:
+class Slot(NamedTuple):
     """A resolved place that holds an object, and what it holds now."""
 
     #: "module" (module global), "class" (class attribute), "item" (mapping entry),

@@ -33,14 +33,14 @@ __all__ = ["LazyImports", "with_imports"]
 
 F = TypeVar("F")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_DOTTED = re.compile(rf"{_NAME}(?:\.{_NAME})*")
-_AS = re.compile(rf"^\s*({_DOTTED.pattern})(?:\s+as\s+({_NAME}))?\s*$")
+_DOTTED = rf"{_NAME}(?:\.{_NAME})*"
+_AS = rf"^\s*({_DOTTED})(?:\s+as\s+({_NAME}))?\s*$"
 
 
 def _parse(spec: str | Sequence[str]) -> list[tuple[str, str | None, str]]:
     """Return (module, attribute or None, bound name) triples for one spec."""
     if isinstance(spec, str):
-        m = _AS.match(spec)
+        m = re.match(_AS, spec)
         if not m:
             raise PatchDefinitionError(
                 f"with_imports: invalid spec {spec!r}; write 'pkg.mod' or 'pkg.mod as name'"
@@ -49,11 +49,11 @@ def _parse(spec: str | Sequence[str]) -> list[tuple[str, str | None, str]]:
         return [(path, None, alias or path.rpartition(".")[2])]
     if isinstance(spec, (tuple, list)) and len(spec) >= 2 and all(isinstance(s, str) for s in spec):
         module = spec[0]
-        if not _DOTTED.fullmatch(module):
+        if not re.fullmatch(_DOTTED, module):
             raise PatchDefinitionError(f"with_imports: invalid module {module!r} in {spec!r}")
         out: list[tuple[str, str | None, str]] = []
         for item in spec[1:]:
-            m = _AS.match(item)
+            m = re.match(_AS, item)
             if not m or "." in m.group(1):
                 raise PatchDefinitionError(
                     f"with_imports: invalid name {item!r} in {spec!r}; write 'name' or 'name as alias'"
