@@ -265,7 +265,7 @@ class Report:
                         f"           still holding the original: {', '.join(r.stale_holders)}"
                     )
         lines.extend(f"  warning: {w}" for w in self.warnings)
-        return "\n".join(lines)
+        return "\n".join(line.rstrip() for line in lines)
 
     def __str__(self) -> str:
         return self.table()

@@ -1,0 +1,1 @@
+"""A small model library written for CUDA. The demo runs it unchanged."""

@@ -1,0 +1,100 @@
+"""The main demo: run a CUDA-written project unchanged, patched lazily and reversibly.
+
+``examples/cuda_project`` imports ``fused_cuda_ops``, a compiled CUDA extension that
+does not exist on this machine, so its training step cannot even be imported. A
+migration package (the shape of ``migrate_to_ascend/`` in the seed's layout) declares:
+
+* an import rule serving ``fused_cuda_ops`` from a module factory (the original is
+  never executed -- it does not exist);
+* a patch on ``RMSNorm.forward`` with a ``runtime_check``: small inputs take the
+  replacement, anything else falls back to the original;
+
+and ``apply()`` is called *before* the project is imported, without importing it.
+Run with ``python3 dev.py demo``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+import ascend_patch_core
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import Patch
+from ascend_patch_core import Patcher
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_project"))
+
+
+def build_fused_ops(name: str) -> types.ModuleType:
+    """Stands in for the CUDA extension: the same functions, as plain torch."""
+    module = types.ModuleType(name)
+
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    module.rms_norm = rms_norm  # type: ignore[attr-defined]
+    return module
+
+
+def rms_norm_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # On an NPU this would be torch_npu.npu_rms_norm(x, self.weight, self.eps)[0].
+    return torch.nn.functional.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+
+
+class FusedRMSNorm(Patch):
+    """Route RMSNorm to a fused kernel when the input is one it supports."""
+
+    @classmethod
+    def patches(cls, options: object = None) -> list[AtomicPatch]:
+        return [
+            AtomicPatch(
+                "cuda_project.layers.RMSNorm.forward",
+                rms_norm_forward,
+                runtime_check=lambda self, x: x.dim() == 2,
+            )
+        ]
+
+
+def main() -> int:
+    print(f"ascend-patch {ascend_patch_core.__version__} demo (CPU; no NPU involved)\n")
+    try:
+        import train  # noqa: F401  (the project's entry module)
+    except ModuleNotFoundError as exc:
+        print(f"1. unpatched: importing the project fails: {exc}\n")
+
+    patcher = Patcher().replace_import("fused_cuda_ops", build_fused_ops).add(FusedRMSNorm)
+    report = patcher.apply()
+    assert "cuda_project.layers" not in sys.modules, "apply() imported nothing"
+    print("2. apply() before the project is imported -- everything waits for its import:")
+    print(report.table(), "\n")
+
+    import train  # the project's own, unmodified code
+
+    loss = train.main()
+    print(f"3. the unmodified training step runs: loss = {loss:.6f}")
+    print(patcher.report.table(verbose=True), "\n")
+
+    patcher.disable("FusedRMSNorm")
+    reference = train.main()
+    print(f"4. disable('FusedRMSNorm') after apply() reverts just that patch; the original")
+    print(f"   forward (through the served fused_cuda_ops) gives loss = {reference:.6f}")
+    assert abs(reference - loss) < 1e-6, (reference, loss)
+    print("   -- the same number, so the replacement is faithful.\n")
+
+    final = patcher.revert()
+    print("5. revert() restores every original by identity:")
+    print(final.table())
+    from cuda_project.layers import RMSNorm
+
+    assert RMSNorm.forward.__qualname__ == "RMSNorm.forward"
+    print("\nRMSNorm.forward is the project's own again.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
