@@ -435,7 +435,9 @@ class Patcher:
                 selection = PluginSelection(
                     selection.disable, selection.allow, False, selection.strict, selection.extra
                 )
-            plugins, plugin_records, plugin_warnings = load_plugins(selection, metadata)
+            plugins, plugin_records, plugin_warnings = load_plugins(
+                selection, metadata, self._disabled
+            )
             with self._lock:
                 self._records.extend(plugin_records)
                 self._warnings.extend(plugin_warnings)
@@ -769,7 +771,12 @@ class Patcher:
         if isinstance(found, Waiting):
             with self._lock:
                 if entry.state in (PLANNED, PENDING):
-                    self._wait_for(entry, found.module)
+                    # Which prefix is the module cannot be known without importing, so
+                    # every candidate is watched: the patch lands as soon as the
+                    # defining module has run, before a package __init__ re-exports it.
+                    for candidate in _candidate_modules(entry.patch.path, found.module):
+                        self._wait_for(entry, candidate)
+                    entry.record.set(Status.PENDING, f"waiting for import of {found.module}")
             # The module may have finished importing between resolve() and watch().
             if found.module in sys.modules and not _initializing(sys.modules[found.module]):
                 self._on_import(entry, found.module)
@@ -1161,13 +1168,7 @@ class Patcher:
             for s in (e.primary, *e.alias_sites)
             if s.slot is not None
         }
-        prefixes = {"ascend_patch_core"}
-        for e in candidates:
-            for obj in (e.new_inner, e.patch.replacement):
-                module = getattr(obj, "__module__", None)
-                if isinstance(module, str) and not module.startswith(("torch", "__main__")):
-                    prefixes.add(module.partition(".")[0])
-        holders = find_holders(originals, exclude, sorted(prefixes))
+        holders = find_holders(originals, exclude, _own_modules(candidates))
         for entry in candidates:
             found = holders.get(id(entry.original), [])
             if not found:
@@ -1213,7 +1214,7 @@ class Patcher:
             if hook.handle is not None:
                 hub.unwatch(hook.handle)
                 hook.handle = None
-        self._restore_late_holders(log)
+        self._restore_late_holders(log, entries)
         for site in reversed(log):
             self._restore_site(site)
         for entry in entries:
@@ -1252,7 +1253,7 @@ class Patcher:
         return report
 
     @staticmethod
-    def _restore_late_holders(log: list[_Site]) -> None:
+    def _restore_late_holders(log: list[_Site], entries: list[_Entry]) -> None:
         """Give back the original to modules that imported the replacement while applied.
 
         ``from x import f`` executed after the patch binds the replacement; without
@@ -1273,7 +1274,7 @@ class Patcher:
             owners.add(id(slot.owner))
         if not pairs:
             return
-        holders = find_holders({k: v[0] for k, v in pairs.items()}, owners, ("ascend_patch_core",))
+        holders = find_holders({k: v[0] for k, v in pairs.items()}, owners, _own_modules(entries))
         for key, found in holders.items():
             installed, original = pairs[key]
             for module, name in found:
@@ -1349,6 +1350,39 @@ def _resolve_string(path: str) -> Any:
             obj = getattr(obj, part)
         return obj
     raise ModuleNotFoundError(f"No module named {parts[0]!r}", name=parts[0])
+
+
+def _own_modules(entries: Iterable[_Entry]) -> list[str]:
+    """Modules whose references to originals and replacements are deliberate.
+
+    The core itself, each replacement's defining module, and the package of the
+    plugin that declared the patch: a plugin keeping ``_orig = torch.zeros`` for its
+    fallback must never be rebound to the replacement (that would recurse).
+    """
+    names = {"ascend_patch_core"}
+    for entry in entries:
+        for obj in (entry.new_inner, entry.patch.replacement):
+            module = getattr(inner_callable(obj), "__module__", None)
+            if isinstance(module, str) and module != "builtins":
+                names.add(module)
+        if entry.provenance.entry_point:
+            value = entry.provenance.entry_point.partition("=")[2].strip()
+            names.add(value.partition(":")[0].partition(".")[0])
+    return sorted(names)
+
+
+def _candidate_modules(path: TargetPath, first_missing: str) -> list[str]:
+    """Module names, from ``first_missing`` down, that may hold the target's slot."""
+    names: list[str] = []
+    name = ""
+    limit = len(path.module.split(".")) if path.module else len(path.segments) - 1
+    for segment in path.segments[:limit]:
+        if segment.is_key:
+            break
+        name = f"{name}.{segment.name}" if name else segment.name
+        if len(name) >= len(first_missing):
+            names.append(name)
+    return names or [first_missing]
 
 
 def _norm_target(path: str) -> str:

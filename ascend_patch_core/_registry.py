@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 import types
 from collections.abc import Iterable
 from collections.abc import Sequence
@@ -140,8 +141,13 @@ def _describe_import_failure(info: EntryPointInfo, exc: BaseException) -> str:
 def load_plugins(
     selection: PluginSelection,
     cache: MetadataCache,
+    also_disabled: Iterable[str] = (),
 ) -> tuple[list[LoadedPlugin], list[Record], list[str]]:
     """Discover, load and call every selected plugin, each in isolation.
+
+    ``also_disabled`` are names given to ``Patcher.disable()``: those naming a plugin
+    keep it from being imported at all; the others (patch names) are not plugins and
+    are not reported as unknown here.
 
     Returns the healthy plugins with their declarations, a record per plugin
     (including broken and disabled ones), and warnings.
@@ -192,7 +198,8 @@ def load_plugins(
         candidates.append((name, prov, None, obj))
 
     disabled_all = "*" in selection.disable
-    normalized_disable = {normalize_name(n) for n in selection.disable} | set(selection.disable)
+    disabled_names = set(selection.disable) | set(also_disabled)
+    normalized_disable = {normalize_name(n) for n in disabled_names} | disabled_names
     normalized_allow = (
         None
         if selection.allow is None
@@ -203,9 +210,12 @@ def load_plugins(
         record = Record("plugin", name, prov.entry_point or name, provenance=prov)
         records.append(record)
         if disabled_all or names & normalized_disable:
-            record.set(
-                Status.SKIPPED, "disabled by ASCEND_PATCH_DISABLE" if ep_info else "disabled"
-            )
+            api_names = {normalize_name(n) for n in also_disabled} | set(also_disabled)
+            if names & api_names:
+                reason = "disabled by Patcher.disable()"
+            else:
+                reason = "disabled by ASCEND_PATCH_DISABLE" if ep_info else "disabled"
+            record.set(Status.SKIPPED, reason)
             continue
         if normalized_allow is not None and ep_info is not None and not names & normalized_allow:
             record.set(Status.SKIPPED, "not in ASCEND_PATCH_PLUGINS")
@@ -217,6 +227,15 @@ def load_plugins(
         if plugin is not None:
             loaded.append(plugin)
     return loaded, records, warnings
+
+
+def _defining_file(obj: object) -> str | None:
+    """The source file of a plugin module, or of the module defining a plugin object."""
+    if isinstance(obj, types.ModuleType):
+        return getattr(obj, "__file__", None)
+    module_name = getattr(obj, "__module__", None) or getattr(type(obj), "__module__", None)
+    module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    return getattr(module, "__file__", None)
 
 
 def _fail(record: Record, reason: str) -> None:
@@ -244,9 +263,7 @@ def _load_one(
         except Exception as exc:
             _fail(record, _describe_import_failure(info, exc))
             return None
-    file = getattr(obj, "__file__", None) or getattr(
-        getattr(obj, "__class__", None), "__module__", None
-    )
+    file = _defining_file(obj)
     prov = Provenance(prov.plugin, prov.distribution, prov.version, prov.entry_point, file)
     record.provenance = prov
 

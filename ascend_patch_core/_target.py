@@ -109,8 +109,7 @@ def _split(text: str, whole: str) -> list[Segment]:
                 )
             out.append(Segment(m.group(1) if m.group(1) is not None else m.group(2), True))
             pos = m.end()
-            if pos < n and text[pos] == ".":
-                pos += 1
+            pos = _after_segment(text, pos, whole)
             continue
         m = re.compile(_IDENTIFIER).match(text, pos)
         if not m:
@@ -118,17 +117,19 @@ def _split(text: str, whole: str) -> list[Segment]:
                 f"invalid target path {whole!r}: bad name near {text[pos:]!r}"
             )
         out.append(Segment(m.group(0)))
-        pos = m.end()
-        if pos < n:
-            if text[pos] == ".":
-                pos += 1
-                if pos == n:
-                    raise PatchDefinitionError(f"invalid target path {whole!r}: ends with '.'")
-            elif text[pos] != "[":
-                raise PatchDefinitionError(
-                    f"invalid target path {whole!r}: bad name near {text[pos:]!r}"
-                )
+        pos = _after_segment(text, m.end(), whole)
     return out
+
+
+def _after_segment(text: str, pos: int, whole: str) -> int:
+    """Position of the next segment: a segment ends the path, or is followed by '.' or '['."""
+    if pos == len(text) or text[pos] == "[":
+        return pos
+    if text[pos] == ".":
+        if pos + 1 == len(text):
+            raise PatchDefinitionError(f"invalid target path {whole!r}: ends with '.'")
+        return pos + 1
+    raise PatchDefinitionError(f"invalid target path {whole!r}: bad name near {text[pos:]!r}")
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -303,7 +304,8 @@ def _submodule_may_exist(package: types.ModuleType, fullname: str) -> bool:
     Asks the path-based finder (a filesystem probe: nothing is executed) and the
     core's own import hub (modules served by import rules).
     """
-    search = getattr(package, "__path__", None)
+    # vars(), not getattr(): a PEP 562 module __getattr__ must not run (it may import).
+    search = vars(package).get("__path__")
     if search is None:
         return False
     from ._hub import hub

@@ -71,13 +71,13 @@ def main() -> int:
     report = patcher.apply()
     assert "cuda_project.layers" not in sys.modules, "apply() imported nothing"
     print("2. apply() before the project is imported -- everything waits for its import:")
-    print(report.table(), "\n")
+    print(report.table() + "\n")
 
     import train  # the project's own, unmodified code
 
     loss = train.main()
     print(f"3. the unmodified training step runs: loss = {loss:.6f}")
-    print(patcher.report.table(verbose=True), "\n")
+    print(patcher.report.table(verbose=True) + "\n")
 
     patcher.disable("FusedRMSNorm")
     reference = train.main()
