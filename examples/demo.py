@@ -63,7 +63,7 @@ class FusedRMSNorm(Patch):
 def main() -> int:
     print(f"ascend-patch {ascend_patch_core.__version__} demo (CPU; no NPU involved)\n")
     try:
-        import train  # noqa: F401  (the project's entry module)
+        import train
     except ModuleNotFoundError as exc:
         print(f"1. unpatched: importing the project fails: {exc}\n")
 
@@ -81,7 +81,7 @@ def main() -> int:
 
     patcher.disable("FusedRMSNorm")
     reference = train.main()
-    print(f"4. disable('FusedRMSNorm') after apply() reverts just that patch; the original")
+    print("4. disable('FusedRMSNorm') after apply() reverts just that patch; the original")
     print(f"   forward (through the served fused_cuda_ops) gives loss = {reference:.6f}")
     assert abs(reference - loss) < 1e-6, (reference, loss)
     print("   -- the same number, so the replacement is faithful.\n")

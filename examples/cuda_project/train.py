@@ -1,7 +1,6 @@
 """The project's unmodified entry point."""
 
 import torch
-
 from cuda_project.layers import Block
 
 

@@ -1,9 +1,8 @@
 """Layers as a CUDA-era project writes them: a compiled extension for the hot op."""
 
+import fused_cuda_ops  # a CUDA extension built with torch.utils.cpp_extension; absent here
 import torch
 from torch import nn
-
-import fused_cuda_ops  # a CUDA extension built with torch.utils.cpp_extension; absent here
 
 
 class RMSNorm(nn.Module):
