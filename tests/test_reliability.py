@@ -1,0 +1,485 @@
+"""Reliability: exact apply/revert cycles without growth, and thread safety of lazy application."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import threading
+import time
+import types
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import Patcher
+from ascend_patch_core import Status
+from ascend_patch_core._hub import hub
+
+
+PackageFactory = Callable[..., str]
+
+
+def imp(name: str) -> types.ModuleType:
+    return importlib.import_module(name)
+
+
+def hub_watch_count() -> int:
+    return sum(len(handles) for handles in hub._watches.values()) + len(hub._patterns)
+
+
+# ----------------------------------------------------------------------------- 1 000 cycles
+
+CORE = """
+def f(x):
+    return ('orig-f', x)
+
+def g(x):
+    return ('orig-g', x)
+
+def h(x):
+    return ('orig-h', x)
+
+class C:
+    @staticmethod
+    def s(x):
+        return ('orig-s', x)
+
+    @classmethod
+    def c(cls, x):
+        return ('orig-c', cls.__name__, x)
+
+    @property
+    def p(self):
+        return 'orig-p'
+
+    @p.setter
+    def p(self, value):
+        self._p = value
+
+REGISTRY = {'key': 'orig-value', 'other': 'untouched'}
+"""
+
+
+def test_thousand_apply_revert_cycles_restore_by_identity_without_growth(
+    make_package: PackageFactory,
+) -> None:
+    """1 000 apply/revert cycles: originals restored by identity, no wrapper growth, hub and meta_path at baseline."""
+    pkg = make_package(
+        {
+            "__init__.py": "from .core import f, h\n",
+            "core.py": CORE,
+            "never_imported.py": "def f(x):\n    return x\n",
+        }
+    )
+    package = imp(pkg)
+    core = sys.modules[f"{pkg}.core"]
+    C = core.C
+    originals = {
+        "f": vars(core)["f"],
+        "g": vars(core)["g"],
+        "h": vars(core)["h"],
+        "s": vars(C)["s"],
+        "c": vars(C)["c"],
+        "p": vars(C)["p"],
+        "key": core.REGISTRY["key"],
+        "alias": vars(package)["f"],
+    }
+    assert originals["alias"] is originals["f"]
+
+    def f_rep(x: Any) -> Any:
+        return ("new-f", x)
+
+    def g_rep(x: Any) -> Any:
+        return ("new-g", x)
+
+    def s_rep(x: Any) -> Any:
+        return ("new-s", x)
+
+    def c_rep(cls: type, x: Any) -> Any:
+        return ("new-c", cls.__name__, x)
+
+    def p_rep(self: Any) -> str:
+        return "new-p"
+
+    wrapped_by: list[Any] = []
+
+    def h_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+        wrapped_by.append(original)
+
+        @functools.wraps(original)
+        def wrapper(x: Any) -> Any:
+            return ("wrapped", *original(x))
+
+        return wrapper
+
+    patcher = Patcher().add(
+        AtomicPatch(f"{pkg}.core.f", f_rep, aliases=[f"{pkg}.f"]),
+        AtomicPatch(f"{pkg}.core.g", g_rep, runtime_check=lambda x: x > 0),
+        AtomicPatch(f"{pkg}.core.h", target_wrapper=h_wrapper),
+        AtomicPatch(f"{pkg}.core.C.s", s_rep),
+        AtomicPatch(f"{pkg}.core.C.c", c_rep),
+        AtomicPatch(f"{pkg}.core.C.p", p_rep),
+        # (a str replacement would be read as a dotted import path, so the value is a tuple)
+        AtomicPatch(f"{pkg}.core.REGISTRY['key']", ("new-value",)),
+        AtomicPatch(f"{pkg}.never_imported.f", f_rep),
+    )
+    watches0, meta_path0 = hub_watch_count(), len(sys.meta_path)
+    record_count = None
+    cycle_times: list[float] = []
+    try:
+        for cycle in range(1000):
+            started = time.perf_counter()
+            report = patcher.apply()
+            # Applied: the replacements run, each wrapping the TRUE original (no growth).
+            assert core.f(1) == ("new-f", 1) and package.f(1) == ("new-f", 1)
+            assert core.g(1) == ("new-g", 1) and core.g(-1) == ("orig-g", -1)
+            assert core.g.__ascend_patch_original__ is originals["g"]
+            assert core.g.__wrapped__ is g_rep
+            assert core.h(2) == ("wrapped", "orig-h", 2)
+            assert core.h.__wrapped__ is originals["h"]
+            assert wrapped_by[-1] is originals["h"] and len(wrapped_by) == cycle + 1
+            assert C.s(3) == ("new-s", 3) and vars(C)["s"].__func__ is s_rep
+            assert C.c(4) == ("new-c", "C", 4) and vars(C)["c"].__func__ is c_rep
+            assert C().p == "new-p" and vars(C)["p"].fget is p_rep
+            assert vars(C)["p"].fset is originals["p"].fset
+            assert core.REGISTRY == {"key": ("new-value",), "other": "untouched"}
+            assert hub_watch_count() == watches0 + 1, "only the never-imported target waits"
+            if record_count is None:
+                record_count = len(report.records)
+                assert {r.status for r in report.records} == {Status.APPLIED, Status.PENDING}
+            assert len(report.records) == record_count
+
+            patcher.revert()
+            assert vars(core)["f"] is originals["f"]
+            assert vars(package)["f"] is originals["alias"]
+            assert vars(core)["g"] is originals["g"]
+            assert vars(core)["h"] is originals["h"]
+            assert vars(package)["h"] is originals["h"]
+            assert vars(C)["s"] is originals["s"]
+            assert vars(C)["c"] is originals["c"]
+            assert vars(C)["p"] is originals["p"]
+            assert core.REGISTRY["key"] is originals["key"]
+            assert hub_watch_count() == watches0
+            assert len(sys.meta_path) == meta_path0
+            cycle_times.append(time.perf_counter() - started)
+    finally:
+        patcher.revert()
+    assert (core.f(1), core.g(1), core.h(1), C.s(1), C.c(1), C().p) == (
+        ("orig-f", 1),
+        ("orig-g", 1),
+        ("orig-h", 1),
+        ("orig-s", 1),
+        ("orig-c", "C", 1),
+        "orig-p",
+    )
+    # No growth: the last cycles cost what the first ones did (each cycle scans
+    # sys.modules for stale references, so the absolute time depends on what the
+    # process imported; about 2 s in total for a bare pytest process).
+    first, last = sorted(cycle_times[:100])[50], sorted(cycle_times[-100:])[50]
+    assert last < 3 * first + 0.001, (
+        f"median cycle grew from {first * 1e3:.2f} ms to {last * 1e3:.2f} ms"
+    )
+
+
+def test_lazy_apply_revert_cycles_leave_no_trace(make_package: PackageFactory) -> None:
+    """Cycles where each apply() waits for an import and each revert() comes before it leave the hub at baseline."""
+    pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
+    patcher = Patcher().add(AtomicPatch(f"{pkg}.core.f", lambda: "new"))
+    watches0, meta_path0, hub_installed0 = hub_watch_count(), len(sys.meta_path), hub.installed
+    for _ in range(200):
+        report = patcher.apply()
+        assert report.get(f"{pkg}.core.f").status is Status.PENDING
+        assert hub.installed
+        patcher.revert()
+        assert (hub_watch_count(), len(sys.meta_path), hub.installed) == (
+            watches0,
+            meta_path0,
+            hub_installed0,
+        )
+    assert imp(f"{pkg}.core").f() == "orig"
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+@pytest.fixture
+def fast_switching() -> Any:
+    """Switch threads every microsecond so that races show up in a handful of runs."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
+
+
+N_MODULES = 8
+N_THREADS = 8
+
+
+def _threaded_package(make_package: PackageFactory) -> str:
+    files = {
+        f"m{i}.py": f"import time\ntime.sleep(0.01)\ndef f():\n    return 'orig-{i}'\n"
+        for i in range(N_MODULES)
+    }
+    files["__init__.py"] = "import time\ntime.sleep(0.005)\n"
+    return make_package(files)
+
+
+@pytest.mark.parametrize("round_", range(20))
+def test_threads_importing_while_apply_runs_patch_each_target_once(
+    make_package: PackageFactory, round_: int, fast_switching: None
+) -> None:
+    """8 threads import (same and different) target modules while apply() runs: each patch is installed exactly once."""
+    pkg = _threaded_package(make_package)
+    installs: Counter[str] = Counter()
+    count_lock = threading.Lock()
+
+    def counting_target_wrapper(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+        def wrap(original: Callable[[], str]) -> Callable[[], str]:
+            with count_lock:
+                installs[name] += 1
+
+            @functools.wraps(original)
+            def wrapper() -> str:
+                return "tw-" + original()
+
+            return wrapper
+
+        return wrap
+
+    def counting_replacement_wrapper(name: str) -> Callable[[Any], Any]:
+        def wrap(replacement: Any) -> Any:
+            with count_lock:
+                installs[name] += 1
+            return replacement
+
+        return wrap
+
+    patches = []
+    for i in range(N_MODULES):
+        target = f"{pkg}.m{i}.f"
+        if i % 2:
+            patches.append(
+                AtomicPatch(
+                    target,
+                    lambda i=i: f"new-{i}",
+                    replacement_wrapper=counting_replacement_wrapper(target),
+                )
+            )
+        else:
+            patches.append(AtomicPatch(target, target_wrapper=counting_target_wrapper(target)))
+    patcher = Patcher().add(*patches)
+
+    # Every module is imported by two threads; the first half of the modules first.
+    plan = [[f"{pkg}.m{i % 4}", f"{pkg}.m{4 + i // 2}"] for i in range(N_THREADS)]
+    if round_ % 2:
+        plan = [list(reversed(names)) for names in plan]
+    barrier = threading.Barrier(N_THREADS + 1)
+    errors: list[BaseException] = []
+
+    def worker(names: list[str]) -> None:
+        try:
+            barrier.wait()
+            for name in names:
+                imp(name)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(names,)) for names in plan]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+        if round_ % 3 == 1:
+            time.sleep(0.003)  # let the imports get ahead of apply() sometimes
+        report = patcher.apply()
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads), "an import deadlocked"
+        assert errors == []
+        assert dict(installs) == {f"{pkg}.m{i}.f": 1 for i in range(N_MODULES)}, [
+            (r.name, r.status.value, r.reason)
+            for r in report.records
+            if r.status is not Status.APPLIED
+        ]
+        for i in range(N_MODULES):
+            module = sys.modules[f"{pkg}.m{i}"]
+            assert module.f() == (f"new-{i}" if i % 2 else f"tw-orig-{i}")
+        assert {r.name: r.status for r in report.records} == {
+            f"{pkg}.m{i}.f": Status.APPLIED for i in range(N_MODULES)
+        }
+    finally:
+        patcher.revert()
+    assert [sys.modules[f"{pkg}.m{i}"].f() for i in range(N_MODULES)] == [
+        f"orig-{i}" for i in range(N_MODULES)
+    ]
+
+
+@pytest.mark.parametrize("autoload", [False, True], ids=["plain", "autoload"])
+def test_concurrent_apply_calls_apply_once(
+    make_package: PackageFactory, autoload: bool, fast_switching: None
+) -> None:
+    """8 threads calling apply() on the same patcher at once install each patch exactly once."""
+    pkg = make_package(
+        {"core.py": "def f():\n    return 'orig'\n", "lazy.py": "def f():\n    return 'orig'\n"}
+    )
+    core = imp(f"{pkg}.core")
+    original = core.f
+    installs: Counter[str] = Counter()
+    count_lock = threading.Lock()
+
+    def wrap(original: Callable[[], str]) -> Callable[[], str]:
+        with count_lock:
+            installs[original.__module__] += 1
+        time.sleep(0.002)  # widen the window between claiming and finishing
+
+        @functools.wraps(original)
+        def wrapper() -> str:
+            return "wrapped-" + original()
+
+        return wrapper
+
+    # autoload=True is what default_patcher (ascend_patch_core.apply()) uses.
+    patcher = Patcher(autoload=autoload).add(
+        AtomicPatch(f"{pkg}.core.f", target_wrapper=wrap),
+        AtomicPatch(f"{pkg}.lazy.f", target_wrapper=wrap),
+    )
+    barrier = threading.Barrier(N_THREADS)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            patcher.apply()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(N_THREADS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert errors == []
+        lazy = imp(f"{pkg}.lazy")
+        assert dict(installs) == {f"{pkg}.core": 1, f"{pkg}.lazy": 1}
+        assert core.f() == "wrapped-orig" and core.f.__wrapped__ is original
+        assert lazy.f() == "wrapped-orig"
+        patch_records = [r for r in patcher.report.records if r.kind == "patch"]
+        assert [r.status for r in patch_records] == [Status.APPLIED, Status.APPLIED]
+    finally:
+        patcher.revert()
+    assert core.f is original
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_revert_while_threads_import_leaves_consistent_state(
+    make_package: PackageFactory, fast_switching: None, round_: int
+) -> None:
+    """revert() racing with imports never leaves a patch installed or a watch behind."""
+    pkg = _threaded_package(make_package)
+    patcher = Patcher().add(
+        *[AtomicPatch(f"{pkg}.m{i}.f", lambda i=i: f"new-{i}") for i in range(N_MODULES)]
+    )
+    watches0 = hub_watch_count()
+    patcher.apply()
+    barrier = threading.Barrier(N_THREADS + 1)
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        try:
+            barrier.wait()
+            imp(name)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"{pkg}.m{i}",)) for i in range(N_THREADS)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    # Revert at different points of the imports (pkg sleeps 5 ms, modules 10 ms).
+    time.sleep(0.002 * round_)
+    patcher.revert()
+    for t in threads:
+        t.join(timeout=30)
+    assert errors == []
+    assert [sys.modules[f"{pkg}.m{i}"].f() for i in range(N_MODULES)] == [
+        f"orig-{i}" for i in range(N_MODULES)
+    ]
+    assert hub_watch_count() == watches0
+
+
+def test_import_starting_between_resolve_and_watch_is_patched(
+    make_package: PackageFactory, patcher: Patcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An import another thread starts between apply()'s resolve() and its watch() is still patched."""
+    pkg = make_package({"core.py": "import time\ntime.sleep(0.05)\ndef f():\n    return 'orig'\n"})
+    imp(pkg)
+    name = f"{pkg}.core"
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            imp(name)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker)
+    real_watch = hub.watch
+
+    def racing_watch(module: str, callback: Callable[[types.ModuleType], None]) -> Any:
+        # Force the interleaving: the other thread's import begins (its module is in
+        # sys.modules, its body still running) right before the watch is registered.
+        if module == name and not thread.is_alive() and thread.ident is None:
+            thread.start()
+            deadline = time.monotonic() + 5
+            while name not in sys.modules and time.monotonic() < deadline:
+                time.sleep(0.0005)
+        return real_watch(module, callback)
+
+    monkeypatch.setattr(hub, "watch", racing_watch)
+    report = patcher.add(AtomicPatch(f"{name}.f", lambda: "new")).apply()
+    thread.join(timeout=30)
+    monkeypatch.undo()
+    assert errors == []
+    assert sys.modules[name].f() == "new"
+    assert report.get(f"{name}.f").status is Status.APPLIED
+
+
+def test_revert_during_an_in_flight_installation_wins(make_package: PackageFactory) -> None:
+    """A patch whose installation was under way in another thread when revert() ran does not stay installed."""
+    pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
+    in_wrapper, release = threading.Event(), threading.Event()
+
+    def slow_wrapper(original: Callable[[], str]) -> Callable[[], str]:
+        in_wrapper.set()
+        release.wait(10)
+        return lambda: "new"
+
+    patcher = Patcher().add(AtomicPatch(f"{pkg}.core.f", target_wrapper=slow_wrapper))
+    patcher.apply()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            imp(f"{pkg}.core")
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert in_wrapper.wait(10)
+        report = patcher.revert()  # the installation is claimed, not finished
+    finally:
+        release.set()
+        thread.join(timeout=30)
+    assert errors == []
+    core = sys.modules[f"{pkg}.core"]
+    assert core.f() == "orig", "revert() returned, yet the patch was installed afterwards"
+    assert report.get(f"{pkg}.core.f").status is not Status.APPLIED
+    patcher.revert()  # (with the bug, a second revert() is what undoes it)
+    assert core.f() == "orig"
