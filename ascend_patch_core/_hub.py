@@ -29,7 +29,15 @@ from typing import Protocol
 from ._errors import PatchError
 
 
-__all__ = ["ImportHub", "ServedModule", "hub"]
+__all__ = [
+    "ImportHub",
+    "ServedModule",
+    "hub",
+    "import_in_progress",
+    "in_import_callback",
+    "initializing",
+    "wait_for_import",
+]
 
 Callback = Callable[[types.ModuleType], None]
 
@@ -118,6 +126,26 @@ class _RuleLoader(importlib.abc.Loader):
         self._hub.notify(name, final)
 
 
+def _namespace_loader(fullname: str, path: Any) -> Any:
+    from importlib import _bootstrap_external
+
+    finder: Any = _bootstrap_external.PathFinder
+    return _bootstrap_external._NamespaceLoader(fullname, path, finder._get_spec)
+
+
+_local = threading.local()
+
+
+def in_import_callback() -> bool:
+    """True while this thread runs post-import callbacks, i.e. inside an import.
+
+    Such a thread holds importlib's lock on the module just imported, so it must never
+    wait for another module's lock: that could make importlib's deadlock detection
+    fail an unrelated import in another thread.
+    """
+    return getattr(_local, "callback_depth", 0) > 0
+
+
 class ImportHub(importlib.abc.MetaPathFinder):
     """Process-wide registry of post-import callbacks and served modules."""
 
@@ -138,6 +166,25 @@ class ImportHub(importlib.abc.MetaPathFinder):
         with self._lock:
             self._watches.setdefault(module, []).append(handle)
             self._ensure_installed()
+        return handle
+
+    def when_imported(self, module: str, callback: Callback) -> _Watch:
+        """Call ``callback(module)`` once: now if ``module`` is imported, else after its import.
+
+        Closes the race with an import that another thread began before the watch
+        existed (its loader is not wrapped): such an import is waited out here.
+        """
+        handle = self.watch(module, callback)
+        if import_in_progress(module):
+            wait_for_import(module)
+            loaded = sys.modules.get(module)
+            if loaded is not None and not initializing(loaded):
+                with self._lock:
+                    handles = self._watches.get(module)
+                    mine = handles is not None and handle in handles
+                if mine:
+                    self.unwatch(handle)
+                    callback(loaded)
         return handle
 
     def watch_pattern(self, pattern: str, callback: Callback) -> _PatternWatch:
@@ -217,7 +264,13 @@ class ImportHub(importlib.abc.MetaPathFinder):
         if not watched:
             return None
         spec = self._find_real_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
+        if spec is None:
+            return None
+        if spec.loader is None and spec.submodule_search_locations is not None:
+            # A namespace package: importlib would give it a NamespaceLoader later;
+            # give it one now so the wrapper has something to run.
+            spec.loader = _namespace_loader(fullname, spec.submodule_search_locations)
+        if spec.loader is None:
             return spec
         spec.loader = _NotifyingLoader(spec.loader, self)
         return spec
@@ -252,17 +305,22 @@ class ImportHub(importlib.abc.MetaPathFinder):
             self._maybe_uninstall()
         errors: list[PatchError] = []
         callbacks = [h.callback for h in handles] + [p.callback for p in patterns]
-        for callback in callbacks:
-            try:
-                callback(module)
-            except PatchError as exc:  # strict mode: surfaced to the importer
-                errors.append(exc)
-            except Exception as exc:  # a core bug must not break the user's import
-                warnings.warn(
-                    f"ascend-patch: internal error after importing {name}: {exc!r}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+        depth = getattr(_local, "callback_depth", 0)
+        _local.callback_depth = depth + 1
+        try:
+            for callback in callbacks:
+                try:
+                    callback(module)
+                except PatchError as exc:  # strict mode: surfaced to the importer
+                    errors.append(exc)
+                except Exception as exc:  # a core bug must not break the user's import
+                    warnings.warn(
+                        f"ascend-patch: internal error after importing {name}: {exc!r}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+        finally:
+            _local.callback_depth = depth
         if errors:
             raise errors[0]
 
@@ -304,6 +362,39 @@ class ImportHub(importlib.abc.MetaPathFinder):
             f"<ascend_patch ImportHub watches={sum(map(len, self._watches.values()))}"
             f" patterns={len(self._patterns)} served={len(self._served)}>"
         )
+
+
+def wait_for_import(name: str) -> None:
+    """Block until another thread's import of ``name`` is finished (no-op in this thread's).
+
+    importlib holds a per-module lock from before it looks for the module's spec
+    until the body has run; taking that lock therefore waits out an import that
+    began before the hub was watching the name. Re-entrant for the importing thread.
+    """
+    if in_import_callback():
+        return
+    from importlib import _bootstrap
+
+    manager = getattr(_bootstrap, "_ModuleLockManager", None)
+    if manager is None:  # pragma: no cover - a Python without the private lock API
+        return
+    try:
+        with manager(name):
+            pass
+    except Exception:  # importlib's _DeadlockError: the other thread waits for us
+        return
+
+
+def import_in_progress(name: str) -> bool:
+    from importlib import _bootstrap
+
+    locks = getattr(_bootstrap, "_module_locks", None)
+    return name in sys.modules or (locks is not None and name in locks)
+
+
+def initializing(module: types.ModuleType | None) -> bool:
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
 #: The single hub of this process.

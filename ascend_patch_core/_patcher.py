@@ -33,6 +33,9 @@ from ._errors import PatchDefinitionError
 from ._errors import PatchError
 from ._errors import PluginError
 from ._hub import hub
+from ._hub import import_in_progress
+from ._hub import initializing
+from ._hub import wait_for_import
 from ._metadata import metadata
 from ._metadata import normalize_name
 from ._patch import AtomicPatch
@@ -203,6 +206,7 @@ class Patcher:
         self._groups: dict[str, type[Patch]] = {}
         self._applied = False
         self._applying_thread: int | None = None
+        self._apply_finished = threading.Event()
         # Delegated settings (training utilities and NPU runtime settings).
         self._profiling: dict[str, Any] | None = None
         self._brake_step: int | None = None
@@ -211,13 +215,19 @@ class Patcher:
 
     # ------------------------------------------------------------------ configuration
 
-    def add(self: _Self, *items: PatchLike, options: Any = None) -> _Self:
-        """Add Patch subclasses, AtomicPatch, ModuleHook or LegacyPatch objects.
+    def add(self: _Self, *items: PatchLike | ImportRule, options: Any = None) -> _Self:
+        """Add Patch subclasses, AtomicPatch, ModuleHook, LegacyPatch or import-rule objects.
 
         After :meth:`apply`, added patches are applied at once (incrementally).
+        Import rules (SkipImport, ReplaceImport, InjectImport) act at once, like
+        :meth:`skip_import` and its siblings.
         """
         checked: list[tuple[PatchLike, Any, Provenance]] = []
+        rules: list[ImportRule] = []
         for item in items:
+            if isinstance(item, ImportRule):
+                rules.append(item)
+                continue
             if isinstance(item, Patch):  # an instance of a group: use its class
                 item = type(item)
             if not (
@@ -225,10 +235,10 @@ class Patcher:
                 or isinstance(item, (AtomicPatch, ModuleHook, LegacyPatch))
             ):
                 raise TypeError(
-                    f"Patcher.add() takes Patch subclasses, AtomicPatch, ModuleHook or LegacyPatch objects, "
-                    f"got {item!r}"
+                    "Patcher.add() takes Patch subclasses, AtomicPatch, ModuleHook, LegacyPatch "
+                    f"or import-rule objects, got {item!r}"
                 )
-            if any(existing is item for existing, _, _ in self._items):
+            if any(existing is item for existing, _, _ in [*self._items, *checked]):
                 self._warn(f"{_label(item)} was added twice; it is applied once")
                 continue
             checked.append((item, options, USER))
@@ -236,6 +246,8 @@ class Patcher:
             self._check_conflicts_on_add([i for i, _, _ in checked])
             self._items.extend(checked)
             applied = self._applied
+        if rules:
+            self._add_rules(rules)
         if applied:
             self._start_items(checked)
         return self
@@ -407,22 +419,35 @@ class Patcher:
         installed now; the others when their module is first imported. Calling it
         again while applied changes nothing and returns the same live report.
         """
+        me = threading.get_ident()
         with self._lock:
-            if self._applied:
+            if self._applied or self._applying_thread == me:
                 return self.report
-            selection = PluginSelection.from_env(
-                disable=self._plugin_disable,
-                plugins=self._plugin_allow,
-                autoload=self._discover,
-                strict=self._strict_arg,
-                extra=self._extra_plugins,
-            )
-            self._strict = selection.strict
-            self._applying_thread = threading.get_ident()
+            if self._applying_thread is not None:
+                # Another thread is applying: wait for it (outside the lock, since
+                # its import hooks need the lock), then share its result.
+                finished = self._apply_finished
+            else:
+                finished = None
+                selection = PluginSelection.from_env(
+                    disable=self._plugin_disable,
+                    plugins=self._plugin_allow,
+                    autoload=self._discover,
+                    strict=self._strict_arg,
+                    extra=self._extra_plugins,
+                )
+                self._strict = selection.strict
+                self._applying_thread = me
+                self._apply_finished = threading.Event()
+        if finished is not None:
+            finished.wait()
+            return self.report
         try:
             self._apply(selection)
         finally:
-            self._applying_thread = None
+            with self._lock:
+                self._applying_thread = None
+                self._apply_finished.set()
         return self.report
 
     def _apply(self, selection: PluginSelection) -> None:
@@ -777,16 +802,27 @@ class Patcher:
                     for candidate in _candidate_modules(entry.patch.path, found.module):
                         self._wait_for(entry, candidate)
                     entry.record.set(Status.PENDING, f"waiting for import of {found.module}")
-            # The module may have finished importing between resolve() and watch().
-            if found.module in sys.modules and not _initializing(sys.modules[found.module]):
-                self._on_import(entry, found.module)
+            # Another thread may have started importing the module between resolve()
+            # and watch(): its loader is then not wrapped, so no callback will come.
+            # Wait for that import to finish and look again.
+            if import_in_progress(found.module):
+                wait_for_import(found.module)
+                module = sys.modules.get(found.module)
+                if module is not None and not initializing(module):
+                    self._on_import(entry, found.module)
             return
         if isinstance(found, Missing):
+            unfinished = _initializing_prefixes(entry.patch.path)
             with self._lock:
-                if entry.state in (PLANNED, PENDING):
-                    self._finish(
-                        entry, SKIPPED, Status.SKIPPED, f"target not found: {found.reason}"
-                    )
+                if entry.state not in (PLANNED, PENDING):
+                    return
+                if unfinished:
+                    # A module on the path is still running its body (in another
+                    # thread): the name may yet be defined. Look again when it is done.
+                    for name in unfinished:
+                        self._wait_for(entry, name)
+                    return
+                self._finish(entry, SKIPPED, Status.SKIPPED, f"target not found: {found.reason}")
             self._advance_dependents(entry)
             return
         self._install(entry, found)
@@ -818,13 +854,10 @@ class Patcher:
             module = sys.modules.get(name)
             if module is None:
                 return
-            if _initializing(module):
-                try:
-                    # Blocks until the other thread's import finishes; returns at
-                    # once if this thread is the one importing (a circular import).
-                    importlib.import_module(name)
-                except Exception:
-                    return
+            if initializing(module):
+                # Blocks until the other thread's import finishes; returns at once if
+                # this thread is the one importing (a circular import).
+                wait_for_import(name)
 
     def _install(self, entry: _Entry, slot: Slot) -> None:
         with self._lock:
@@ -852,12 +885,19 @@ class Patcher:
             entry.original, entry.new_inner = original, new_inner
             site = entry.primary
             slot.install(new_raw)
-            site.slot, site.installed, site.installed_inner = slot, new_raw, new_inner
             with self._lock:
-                self._log.append(site)
-                entry.immediate = self._in_apply_call()
-                entry.state = APPLIED
-                entry.record.set(Status.APPLIED, None)
+                cancelled = entry.state != INSTALLING  # revert() ran meanwhile
+                if not cancelled:
+                    site.slot, site.installed, site.installed_inner = slot, new_raw, new_inner
+                    self._log.append(site)
+                    entry.immediate = self._in_apply_call()
+                    entry.state = APPLIED
+                    entry.record.set(Status.APPLIED, None)
+            if cancelled:
+                if slot.current() is new_raw:
+                    slot.restore()
+                entry.record.set(Status.REVERTED, "reverted while it was being installed")
+                return
             self._watch_with_imports(entry, site)
         except _Skip as skip:
             with self._lock:
@@ -954,12 +994,16 @@ class Patcher:
         found = resolve(site.path)
         if isinstance(found, Waiting):
             entry.record.aliases[path] = f"pending: waiting for import of {found.module}"
-
-            def later(_module: types.ModuleType, e: _Entry = entry, s: _Site = site) -> None:
-                self._advance_alias(e, s)
-
-            hub.watch(found.module, later)
+            with self._lock:
+                if entry.state != APPLIED:
+                    return
+                for candidate in _candidate_modules(site.path, found.module):
+                    key = f"alias:{path}:{candidate}"
+                    if key not in entry.watching:
+                        callback = functools.partial(self._alias_imported, entry, site, key)
+                        entry.watching[key] = hub.watch(candidate, callback)
             return
+        self._stop_alias_watches(entry, path)
         if isinstance(found, Missing):
             entry.record.aliases[path] = f"not found: {found.reason}"
             entry.record.warnings.append(f"alias {path} not found: {found.reason}")
@@ -967,6 +1011,11 @@ class Patcher:
         primary = entry.primary.slot
         if primary is not None and found.owner is primary.owner and found.key == primary.key:
             entry.record.aliases[path] = "same slot as the target"
+            return
+        if found.raw is entry.primary.installed or inner_callable(found.raw) is entry.new_inner:
+            # Imported from the patched target after installation (a re-export):
+            # it already holds the replacement, and revert() gives it the original back.
+            entry.record.aliases[path] = "applied"
             return
         try:
             original = inner_callable(found.raw)
@@ -981,10 +1030,33 @@ class Patcher:
             entry.record.aliases[path] = f"failed: {exc}"
             entry.record.warnings.append(f"alias {path} failed: {exc}")
             return
-        site.slot, site.installed, site.installed_inner = found, new_raw, new_inner
         with self._lock:
-            self._log.append(site)
+            cancelled = entry.state != APPLIED  # revert() ran meanwhile
+            if not cancelled:
+                site.slot, site.installed, site.installed_inner = found, new_raw, new_inner
+                self._log.append(site)
+        if cancelled:
+            if found.current() is new_raw:
+                found.restore()
+            return
         entry.record.aliases[path] = "applied"
+
+    def _alias_imported(
+        self, entry: _Entry, site: _Site, key: str, module: types.ModuleType
+    ) -> None:
+        with self._lock:
+            handle = entry.watching.pop(key, None)
+        if handle is not None:
+            hub.unwatch(handle)
+        self._advance_alias(entry, site)
+
+    def _stop_alias_watches(self, entry: _Entry, path: str) -> None:
+        prefix = f"alias:{path}:"
+        with self._lock:
+            keys = [k for k in entry.watching if k.startswith(prefix)]
+            handles = [entry.watching.pop(k) for k in keys]
+        for handle in handles:
+            hub.unwatch(handle)
 
     def _finish(self, entry: _Entry, state: str, status: Status, reason: str | None) -> None:
         entry.state = state
@@ -1064,10 +1136,7 @@ class Patcher:
         module_name = state.patch.target_module
         assert module_name is not None
         state.record.set(Status.PENDING, f"waiting for import of {module_name}")
-        if module_name in sys.modules:
-            self._run_legacy(state, sys.modules[module_name])
-        else:
-            state.handle = hub.watch(module_name, functools.partial(self._run_legacy, state))
+        state.handle = hub.when_imported(module_name, functools.partial(self._run_legacy, state))
 
     def _run_legacy(self, state: _LegacyState, module: types.ModuleType) -> None:
         with self._lock:
@@ -1141,12 +1210,9 @@ class Patcher:
                 )
                 record.set(Status.APPLIED, None)
 
-            if "torch_npu" in sys.modules:
-                set_format(sys.modules["torch_npu"])
-            else:
-                record.set(Status.PENDING, "waiting for import of torch_npu")
-                handle = hub.watch("torch_npu", set_format)
-                self._setting_restores.append(lambda: hub.unwatch(handle))
+            record.set(Status.PENDING, "waiting for import of torch_npu")
+            handle = hub.when_imported("torch_npu", set_format)
+            self._setting_restores.append(lambda: hub.unwatch(handle))
 
     # ------------------------------------------------------------------ stale references
 
@@ -1206,7 +1272,12 @@ class Patcher:
             env_set, self._env_set = self._env_set, []
             restores, self._setting_restores = self._setting_restores, []
             self._applied = False
+            # Every entry leaves the game now, under the lock: a thread that is about to
+            # install one (an import finishing right now) sees REVERTED and stops, and one
+            # that is installing undoes its own installation (see _install).
+            before = {id(entry): entry.state for entry in entries}
             for entry in entries:
+                entry.state = REVERTED
                 for handle in entry.watching.values():
                     hub.unwatch(handle)
                 entry.watching.clear()
@@ -1218,11 +1289,9 @@ class Patcher:
         for site in reversed(log):
             self._restore_site(site)
         for entry in entries:
-            if entry.state == APPLIED:
-                entry.state = REVERTED
+            if before[id(entry)] == APPLIED:
                 entry.record.set(Status.REVERTED, None)
-            elif entry.state in (PLANNED, PENDING):
-                entry.state = REVERTED
+            elif before[id(entry)] in (PLANNED, PENDING):
                 entry.record.set(Status.REVERTED, "reverted before its target was imported")
         for hook in hooks:
             if hook.record.status is Status.APPLIED:
@@ -1324,11 +1393,6 @@ def hub_matches(pattern: str, name: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
-def _initializing(module: types.ModuleType) -> bool:
-    spec = getattr(module, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
-
-
 def _resolve_string(path: str) -> Any:
     """Import ``"pkg.mod:attr.sub"`` or ``"pkg.mod.attr"`` (longest importable module prefix)."""
     if ":" in path:
@@ -1352,6 +1416,22 @@ def _resolve_string(path: str) -> Any:
     raise ModuleNotFoundError(f"No module named {parts[0]!r}", name=parts[0])
 
 
+def _initializing_prefixes(path: TargetPath) -> list[str]:
+    """Modules on ``path`` that are imported but still running their body."""
+    names: list[str] = []
+    name = ""
+    for segment in path.segments[:-1]:
+        if segment.is_key:
+            break
+        name = f"{name}.{segment.name}" if name else segment.name
+        module = sys.modules.get(name)
+        if module is None:
+            break
+        if initializing(module):
+            names.append(name)
+    return names
+
+
 def _own_modules(entries: Iterable[_Entry]) -> list[str]:
     """Modules whose references to originals and replacements are deliberate.
 
@@ -1361,10 +1441,17 @@ def _own_modules(entries: Iterable[_Entry]) -> list[str]:
     """
     names = {"ascend_patch_core"}
     for entry in entries:
+        target_module = entry.patch.path.root
         for obj in (entry.new_inner, entry.patch.replacement):
             module = getattr(inner_callable(obj), "__module__", None)
-            if isinstance(module, str) and module != "builtins":
-                names.add(module)
+            if not isinstance(module, str) or module == "builtins":
+                continue
+            names.add(module)
+            # Fallback references often live beside the replacement; protect its
+            # package too, unless the target lives in that same package.
+            package = module.rpartition(".")[0]
+            if package and package.partition(".")[0] != target_module:
+                names.add(package)
         if entry.provenance.entry_point:
             value = entry.provenance.entry_point.partition("=")[2].strip()
             names.add(value.partition(":")[0].partition(".")[0])

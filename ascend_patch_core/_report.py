@@ -204,9 +204,14 @@ class Report:
         return [r for r in self.records if r.status is status]
 
     def get(self, name: str, kind: str | None = None) -> Record:
-        """Return the record named ``name`` (a patch's target, a rule's module, a plugin)."""
-        for record in self.records:
-            if record.name == name and (kind is None or record.kind == kind):
+        """Return the record whose name or target is ``name``: a patch (its name or
+        target), a rule (its module), a plugin (its entry-point name)."""
+        records = [r for r in self.records if kind is None or r.kind == kind]
+        for record in records:
+            if record.name == name:
+                return record
+        for record in records:
+            if record.target == name:
                 return record
         raise KeyError(name)
 

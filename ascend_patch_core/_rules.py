@@ -257,12 +257,8 @@ class InjectImport(ImportRule):
 
     def activate(self, record: Record) -> None:
         self.record = record
-        module = sys.modules.get(self.module)
-        if module is not None:
-            self._inject(module)
-            return
         record.set(Status.PENDING, f"takes effect when {self.module} is imported")
-        self._handle = hub.watch(self.module, self._inject)
+        self._handle = hub.when_imported(self.module, self._inject)
 
     def _inject(self, module: types.ModuleType) -> None:
         self._handle = None

@@ -52,7 +52,13 @@ def _stub_call(path: str, module: str, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 class _StubMeta(type):
-    """Metaclass of stub attributes: they are classes, so subclassing works."""
+    """Metaclass of stub attributes: they are classes, so subclassing works.
+
+    Deliberately ``type``, not ``abc.ABCMeta``: every method of the metaclass hides a
+    stub attribute of that name, and ``ABCMeta.register`` would hide the
+    ``@stub.register(...)`` decorators registries use. The price: a class cannot
+    derive from both a stub and an ``abc.ABC`` (metaclass conflict).
+    """
 
     __stub_path__: str
     __stub_module__: str
@@ -98,9 +104,17 @@ class _StubMeta(type):
 
 
 class _StubBase(metaclass=_StubMeta):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Class keywords meant for the skipped library's base class are dropped.
+        super().__init_subclass__()
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # A user class deriving from a stub may call super().__init__(...) with arguments.
-        pass
+        # A user class deriving from a stub may call super().__init__(...) with
+        # arguments meant for a real base further along the MRO: pass them on, unless
+        # only object is left (object.__init__ takes none).
+        mro = type(self).__mro__
+        if mro[mro.index(_StubBase) + 1] is not object:
+            super().__init__(*args, **kwargs)
 
 
 def _make_stub_class(path: str, module: str) -> type:

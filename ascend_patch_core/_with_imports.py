@@ -72,6 +72,8 @@ class LazyImports:
         self.func = func
         self.specs = specs
         self.resolved = False
+        #: The function that stands in for ``func`` until the first call.
+        self.trampoline: Callable[..., Any] | None = None
         self._lock = threading.Lock()
         #: Called once after resolution, so a patcher can install ``func`` directly
         #: in place of the trampoline (no extra frame from then on).
@@ -137,6 +139,7 @@ def with_imports(*specs: str | Sequence[str]) -> Callable[[F], F]:
             return func(*args, **kwargs)
 
         with_imports_trampoline.__ascend_patch_with_imports__ = state  # type: ignore[attr-defined]
+        state.trampoline = with_imports_trampoline
         result: Any = with_imports_trampoline
         if descriptor is not None:
             result = descriptor(result)
@@ -148,4 +151,8 @@ def with_imports(*specs: str | Sequence[str]) -> Callable[[F], F]:
 def lazy_imports_of(obj: object) -> LazyImports | None:
     """The :class:`LazyImports` behind a ``with_imports`` trampoline, if ``obj`` is one."""
     state = getattr(obj, "__ascend_patch_with_imports__", None)
-    return state if isinstance(state, LazyImports) else None
+    # functools.wraps copies the marker onto wrappers around the trampoline; only the
+    # trampoline itself may be swapped for the function.
+    if isinstance(state, LazyImports) and state.trampoline is obj:
+        return state
+    return None

@@ -38,7 +38,12 @@ def _isolated_metadata_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(autouse=True)
 def _clean_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The environment switches of the developer's shell must not leak into tests."""
-    for name in ("ASCEND_PATCH_DISABLE", "ASCEND_PATCH_PLUGINS", "ASCEND_PATCH_AUTOLOAD", "ASCEND_PATCH_STRICT"):
+    for name in (
+        "ASCEND_PATCH_DISABLE",
+        "ASCEND_PATCH_PLUGINS",
+        "ASCEND_PATCH_AUTOLOAD",
+        "ASCEND_PATCH_STRICT",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -101,4 +106,6 @@ def _no_hub_leak() -> Iterator[None]:
         hub._served.update(before[2])
         hub._recompute_roots()
         hub._maybe_uninstall()
-        pytest.fail(f"the test left import-hub state behind: watches/patterns/served changed ({hub!r})")
+        pytest.fail(
+            f"the test left import-hub state behind: watches/patterns/served changed ({hub!r})"
+        )

@@ -21,7 +21,9 @@ def test_patch_applies_on_first_import_and_reverts_exactly(make_package, patcher
     def compute(a):
         return ("new", a)
 
-    report = patcher.add(AtomicPatch(f"{pkg}.core.compute", compute, aliases=[f"{pkg}.compute"])).apply()
+    report = patcher.add(
+        AtomicPatch(f"{pkg}.core.compute", compute, aliases=[f"{pkg}.compute"])
+    ).apply()
     assert pkg not in sys.modules, "apply() must not import the target"
     assert report.get(f"{pkg}.core.compute").status is Status.PENDING
 
