@@ -36,15 +36,21 @@ def make_fake_distributions(directory: Path, count: int) -> None:
     for i in range(count):
         info = directory / f"benchdist_{i}-1.0.dist-info"
         info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: benchdist-{i}\nVersion: 1.0\n")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: benchdist-{i}\nVersion: 1.0\n"
+        )
         (info / "RECORD").write_text("")
         if i % 3 == 0:
-            (info / "entry_points.txt").write_text(f"[console_scripts]\nbenchdist{i} = benchdist_{i}:main\n")
+            (info / "entry_points.txt").write_text(
+                f"[console_scripts]\nbenchdist{i} = benchdist_{i}:main\n"
+            )
 
 
 def count_distributions(env: dict[str, str]) -> int:
     code = "import importlib.metadata as m; print(len(list(m.distributions())))"
-    return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout)
+    return int(
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout
+    )
 
 
 def wall(code: str, env: dict[str, str]) -> float:
@@ -57,7 +63,9 @@ def startup(rounds: int) -> dict[str, float | int | str]:
     tmp = Path(tempfile.mkdtemp(prefix="ap-bench-"))
     make_fake_distributions(tmp / "site", 120)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp / "site"), env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp / "site"), env.get("PYTHONPATH", "")]).strip(
+        os.pathsep
+    )
     env["ASCEND_PATCH_CACHE_DIR"] = str(tmp / "cache")
     dists = count_distributions(env)
     apply_code = "import ascend_patch_core; ascend_patch_core.apply()"
@@ -66,7 +74,9 @@ def startup(rounds: int) -> dict[str, float | int | str]:
         f"bad = [m for m in {HEAVY!r} if m in sys.modules]; "
         "assert not bad, bad; print(len([x for x in r if x.kind == 'plugin']))"
     )
-    plugins = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True)
+    plugins = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True
+    )
     in_torch = textwrap.dedent(
         """
         import time, torch
@@ -89,7 +99,9 @@ def startup(rounds: int) -> dict[str, float | int | str]:
             elif key == "cold":
                 samples[key].append(wall(apply_code, cold_env))
             else:
-                out = subprocess.run([sys.executable, "-c", in_torch], env=env, capture_output=True, text=True)
+                out = subprocess.run(
+                    [sys.executable, "-c", in_torch], env=env, capture_output=True, text=True
+                )
                 samples[key].append(float(out.stdout.strip()))
     med = {k: statistics.median(v) * 1000 for k, v in samples.items()}
     return {
@@ -160,11 +172,26 @@ def finder_overhead(rounds: int) -> dict[str, float]:
         for key in random.sample(list(samples), 2):
             setup = with_hub if key == "with" else without
             out = subprocess.run(
-                [sys.executable, "-c", heavy.replace("{setup}", setup)], capture_output=True, text=True, check=True
+                [sys.executable, "-c", heavy.replace("{setup}", setup)],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             samples[key].append(float(out.stdout.strip()))
     a, b = statistics.median(samples["without"]), statistics.median(samples["with"])
+    from ascend_patch_core import ModuleHook
+    from ascend_patch_core import Patcher
+    from ascend_patch_core._hub import hub
+
+    patcher = Patcher().add(ModuleHook("transformers.models.*.modeling_*", lambda m: []))
+    patcher.skip_import("flash_attn")
+    patcher.apply()
+    per_lookup = min(
+        timeit.repeat(lambda: hub.find_spec("numpy.core.multiarray"), number=100_000, repeat=7)
+    )
+    patcher.revert()
     return {
+        "finder lookup for an unrelated module (ns)": round(per_lookup / 100_000 * 1e9, 1),
         "heavy import without hub (s)": round(a, 3),
         "with hub (50 watches, 1 pattern, 1 skip rule) (s)": round(b, 3),
         "added (%)": round((b - a) / a * 100, 2),
@@ -176,7 +203,10 @@ def ensure_bytecode() -> None:
     import compileall
 
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    for directory in [ROOT / "ascend_patch_core", *sorted((ROOT / "plugins").glob("*/ascend_patch_*"))]:
+    for directory in [
+        ROOT / "ascend_patch_core",
+        *sorted((ROOT / "plugins").glob("*/ascend_patch_*")),
+    ]:
         compileall.compile_dir(str(directory), quiet=1)
 
 
@@ -191,7 +221,13 @@ def main() -> None:
         "per call, ns over calling the replacement directly": per_call(args.rounds, 200_000),
         "import finder": finder_overhead(max(5, args.rounds // 2)),
     }
-    lines = []
+    import platform
+    import time
+
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"{args.rounds} rounds.\n"
+    ]
     for title, rows in results.items():
         lines.append(f"### {title}\n\n| measure | value |\n|---|---|")
         lines.extend(f"| {k} | {v} |" for k, v in rows.items())
@@ -200,7 +236,11 @@ def main() -> None:
     print(text)
     if args.write:
         target = ROOT / "docs" / "benchmarks.md"
-        head = target.read_text().split("<!-- results -->")[0] if target.exists() else "# Benchmarks\n\n"
+        head = (
+            target.read_text().split("<!-- results -->")[0]
+            if target.exists()
+            else "# Benchmarks\n\n"
+        )
         target.write_text(f"{head}<!-- results -->\n\n{text}\n")
 
 
