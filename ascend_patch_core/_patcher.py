@@ -211,6 +211,7 @@ class Patcher:
         self._profiling: dict[str, Any] | None = None
         self._brake_step: int | None = None
         self._internal_format: bool | None = None
+        self._precision_check: dict[str, Any] | None = None
         self._setting_restores: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ configuration
@@ -375,6 +376,14 @@ class Patcher:
         if not isinstance(step, int) or isinstance(step, bool) or step < 1:
             raise PatchDefinitionError(f"brake_at: step must be a positive int, got {step!r}")
         self._brake_step = step
+        return self
+
+    def with_precision_check(self: _Self, **options: Any) -> _Self:
+        """Also run the originals of chosen patches on live inputs and record deviations.
+
+        Delegated to the training utilities; see ``ascend_patch_core._training``.
+        """
+        self._precision_check = dict(options)
         return self
 
     def allow_internal_format(self: _Self, allow: bool = True) -> _Self:
@@ -1179,13 +1188,22 @@ class Patcher:
             self._records.append(record)
 
     def _start_settings(self) -> None:
-        if self._profiling is not None or self._brake_step is not None:
-            record = Record("setting", "training", "with_profiling/brake_at")
-            record.set(
-                Status.SKIPPED,
-                "profiling and brake need the training utilities, which this version does not ship yet",
+        if (
+            self._profiling is not None
+            or self._brake_step is not None
+            or self._precision_check is not None
+        ):
+            from ._training import start_training_utilities
+
+            records, undo = start_training_utilities(
+                profiling=self._profiling,
+                brake_step=self._brake_step,
+                precision_check=self._precision_check,
+                patcher=self,
             )
-            self._records.append(record)
+            with self._lock:
+                self._records.extend(records)
+                self._setting_restores.append(undo)
         if self._internal_format is not None:
             value = self._internal_format
             record = Record(
