@@ -17,8 +17,8 @@ race to import its module.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
-import importlib
 import os
 import sys
 import threading
@@ -28,6 +28,25 @@ from collections.abc import Iterable
 from typing import Any
 from typing import TypeVar
 
+from ._entries import APPLIED
+from ._entries import FAILED
+from ._entries import FINAL_NOT_APPLIED
+from ._entries import INSTALLING
+from ._entries import PENDING
+from ._entries import PLANNED
+from ._entries import REVERTED
+from ._entries import SKIPPED
+from ._entries import Entry
+from ._entries import HookState
+from ._entries import LegacyState
+from ._entries import Site
+from ._entries import Skip
+from ._entries import dependency_order
+from ._entries import in_cycle
+from ._entries import label
+from ._entries import norm_target
+from ._entries import own_modules
+from ._entries import who
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
 from ._errors import PatchError
@@ -62,8 +81,11 @@ from ._target import Slot
 from ._target import TargetPath
 from ._target import Waiting
 from ._target import adapt_to_descriptor
+from ._target import candidate_modules
+from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
+from ._target import resolve_string
 from ._with_imports import lazy_imports_of
 from ._wrappers import make_runtime_check_wrapper
 
@@ -71,84 +93,6 @@ from ._wrappers import make_runtime_check_wrapper
 __all__ = ["Patcher"]
 
 _Self = TypeVar("_Self", bound="Patcher")
-
-# Entry states (strings keep reprs and debugging readable).
-PLANNED, PENDING, INSTALLING, APPLIED, SKIPPED, FAILED, REVERTED = (
-    "planned",
-    "pending",
-    "installing",
-    "applied",
-    "skipped",
-    "failed",
-    "reverted",
-)
-_FINAL_NOT_APPLIED = (SKIPPED, FAILED, REVERTED)
-
-
-class _Skip(Exception):
-    """Raised inside installation to end a patch as SKIPPED with this reason."""
-
-
-class _Site:
-    """One installed slot: the primary target or an alias."""
-
-    __slots__ = ("installed", "installed_inner", "path", "rebinds", "slot")
-
-    def __init__(self, path: TargetPath) -> None:
-        self.path = path
-        self.slot: Slot | None = None
-        self.installed: Any = None
-        self.installed_inner: Any = None
-        #: (module, global name, original) rebound to the replacement.
-        self.rebinds: list[tuple[types.ModuleType, str, Any]] = []
-
-
-class _Entry:
-    """The patcher's state for one AtomicPatch."""
-
-    def __init__(
-        self, patch: AtomicPatch, record: Record, group: str | None, provenance: Provenance
-    ) -> None:
-        self.patch = patch
-        self.record = record
-        self.group = group
-        self.provenance = provenance
-        self.state = PLANNED
-        self.deps: list[_Entry] = []
-        self.dependents: list[_Entry] = []
-        self.watching: dict[str, Any] = {}
-        self.primary = _Site(patch.path)
-        self.alias_sites = [_Site(p) for p in patch.alias_paths]
-        self.original: Any = None
-        self.new_inner: Any = None
-        self.counters: CallCounters | None = None
-        #: Installed while apply() ran (module imported earlier): stale references possible.
-        self.immediate = False
-
-    def names(self) -> set[str]:
-        names = {self.patch.name, self.patch.target}
-        if self.group:
-            names.add(self.group)
-        return names
-
-
-class _HookState:
-    def __init__(self, hook: ModuleHook, record: Record, provenance: Provenance) -> None:
-        self.hook = hook
-        self.record = record
-        self.provenance = provenance
-        self.handle: Any = None
-        self.visited: set[int] = set()
-        self.modules = 0
-
-
-class _LegacyState:
-    def __init__(self, patch: LegacyPatch, record: Record, provenance: Provenance) -> None:
-        self.patch = patch
-        self.record = record
-        self.provenance = provenance
-        self.handle: Any = None
-        self.done = False
 
 
 class Patcher:
@@ -195,14 +139,14 @@ class Patcher:
         self._user_rules: list[ImportRule] = []
         self._disabled: set[str] = set()
         # Built by apply(), cleared by revert().
-        self._entries: list[_Entry] = []
-        self._hooks: list[_HookState] = []
-        self._legacy: list[_LegacyState] = []
+        self._entries: list[Entry] = []
+        self._hooks: list[HookState] = []
+        self._legacy: list[LegacyState] = []
         self._rules: list[tuple[ImportRule, Record]] = []
         self._env_set: list[tuple[str, str]] = []
         self._records: list[Record] = []
         self._warnings: list[str] = []
-        self._log: list[_Site] = []
+        self._log: list[Site] = []
         self._groups: dict[str, type[Patch]] = {}
         self._applied = False
         self._applying_thread: int | None = None
@@ -240,7 +184,7 @@ class Patcher:
                     f"or import-rule objects, got {item!r}"
                 )
             if any(existing is item for existing, _, _ in [*self._items, *checked]):
-                self._warn(f"{_label(item)} was added twice; it is applied once")
+                self._warn(f"{label(item)} was added twice; it is applied once")
                 continue
             checked.append((item, options, USER))
         with self._lock:
@@ -279,7 +223,7 @@ class Patcher:
             victims = [
                 e
                 for e in self._entries
-                if e.names() & resolved and e.state not in _FINAL_NOT_APPLIED
+                if e.names() & resolved and e.state not in FINAL_NOT_APPLIED
             ]
         if applied:
             for entry in reversed(victims):
@@ -349,7 +293,7 @@ class Patcher:
         """Profile training steps (delegated to the training utilities)."""
         if level not in (0, 1, 2):
             raise PatchDefinitionError(f"with_profiling: level must be 0, 1 or 2, got {level!r}")
-        for label, value in (
+        for option, value in (
             ("skip_first", skip_first),
             ("wait", wait),
             ("warmup", warmup),
@@ -358,7 +302,7 @@ class Patcher:
         ):
             if not isinstance(value, int) or value < 0:
                 raise PatchDefinitionError(
-                    f"with_profiling: {label} must be a non-negative int, got {value!r}"
+                    f"with_profiling: {option} must be a non-negative int, got {value!r}"
                 )
         self._profiling = {
             "path": os.fspath(path),
@@ -536,10 +480,10 @@ class Patcher:
 
     def _plan(
         self, items: list[tuple[PatchLike, Any, Provenance]]
-    ) -> tuple[list[_Entry], list[_HookState], list[_LegacyState]]:
-        entries: list[_Entry] = []
-        hooks: list[_HookState] = []
-        legacy: list[_LegacyState] = []
+    ) -> tuple[list[Entry], list[HookState], list[LegacyState]]:
+        entries: list[Entry] = []
+        hooks: list[HookState] = []
+        legacy: list[LegacyState] = []
         for item, options, provenance in items:
             if isinstance(item, type):
                 group = item
@@ -597,11 +541,11 @@ class Patcher:
         self._entries.extend(entries)
         self._hooks.extend(hooks)
         self._legacy.extend(legacy)
-        return _dependency_order(entries), hooks, legacy
+        return dependency_order(entries), hooks, legacy
 
     def _new_entry(
         self, patch: AtomicPatch, group: type[Patch] | None, provenance: Provenance
-    ) -> _Entry:
+    ) -> Entry:
         record = Record(
             "patch",
             patch.name,
@@ -609,7 +553,7 @@ class Patcher:
             group=group.name if group else None,
             provenance=provenance,
         )
-        entry = _Entry(patch, record, group.name if group else None, provenance)
+        entry = Entry(patch, record, group.name if group else None, provenance)
         if group is not None and (group.requires or group.after):
             from ._patch import normalize_requires
 
@@ -623,7 +567,7 @@ class Patcher:
 
     def _new_hook(
         self, hook: ModuleHook, provenance: Provenance, group: type[Patch] | None
-    ) -> _HookState:
+    ) -> HookState:
         record = Record(
             "hook",
             hook.name,
@@ -632,15 +576,15 @@ class Patcher:
             provenance=provenance,
         )
         self._records.append(record)
-        state = _HookState(hook, record, provenance)
+        state = HookState(hook, record, provenance)
         if hook.name in self._disabled or (group is not None and group.name in self._disabled):
             record.set(Status.SKIPPED, "disabled")
         return state
 
-    def _new_legacy(self, patch: LegacyPatch, provenance: Provenance) -> _LegacyState:
+    def _new_legacy(self, patch: LegacyPatch, provenance: Provenance) -> LegacyState:
         record = Record("legacy", patch.name, patch.target_module or "?", provenance=provenance)
         self._records.append(record)
-        state = _LegacyState(patch, record, provenance)
+        state = LegacyState(patch, record, provenance)
         if patch.name in self._disabled:
             record.set(Status.SKIPPED, "disabled")
         elif not patch.target_module:
@@ -663,7 +607,7 @@ class Patcher:
                         f"enable only one, e.g. default_patcher.disable({other!r}).add({name})"
                     )
 
-    def _check_requirements(self, entries: list[_Entry]) -> None:
+    def _check_requirements(self, entries: list[Entry]) -> None:
         for entry in entries:
             if entry.state != PLANNED:
                 continue
@@ -674,17 +618,17 @@ class Patcher:
                     self._finish(entry, SKIPPED, Status.SKIPPED, f"requires {requirement}: {why}")
                     break
 
-    def _check_collisions(self, entries: list[_Entry]) -> None:
-        by_target: dict[str, _Entry] = {}
+    def _check_collisions(self, entries: list[Entry]) -> None:
+        by_target: dict[str, Entry] = {}
         for entry in self._entries:
-            if entry.state not in _FINAL_NOT_APPLIED:
+            if entry.state not in FINAL_NOT_APPLIED:
                 for path in (entry.patch.target, *entry.patch.aliases):
-                    by_target.setdefault(_norm_target(path), entry)
+                    by_target.setdefault(norm_target(path), entry)
         for entry in entries:
             if entry.state != PLANNED:
                 continue
             for path in (entry.patch.target, *entry.patch.aliases):
-                key = _norm_target(path)
+                key = norm_target(path)
                 first = by_target.get(key)
                 if first is None:
                     by_target[key] = entry
@@ -692,7 +636,7 @@ class Patcher:
                 if first is entry:
                     continue
                 message = (
-                    f"{_who(first)} and {_who(entry)} both patch {path}; they are applied in that order, "
+                    f"{who(first)} and {who(entry)} both patch {path}; they are applied in that order, "
                     f"so {entry.patch.name!r} is installed over {first.patch.name!r}"
                 )
                 if self._strict:
@@ -700,9 +644,9 @@ class Patcher:
                 self._warn(message)
                 entry.record.warnings.append(message)
 
-    def _link_dependencies(self, entries: list[_Entry]) -> None:
+    def _link_dependencies(self, entries: list[Entry]) -> None:
         all_entries = [e for e in self._entries if e.state != REVERTED] + entries
-        by_name: dict[str, list[_Entry]] = {}
+        by_name: dict[str, list[Entry]] = {}
         for entry in all_entries:
             for name in entry.names():
                 by_name.setdefault(name, []).append(entry)
@@ -729,14 +673,14 @@ class Patcher:
                         dep.dependents.append(entry)
         # A dependency cycle can never be satisfied: fail its members instead of waiting forever.
         for entry in entries:
-            if entry.state == PLANNED and _in_cycle(entry):
+            if entry.state == PLANNED and in_cycle(entry):
                 self._finish(entry, FAILED, Status.FAILED, "dependency cycle through 'after'")
 
     def _check_unknown_disabled(
         self,
-        entries: list[_Entry],
-        hooks: list[_HookState],
-        legacy: list[_LegacyState],
+        entries: list[Entry],
+        hooks: list[HookState],
+        legacy: list[LegacyState],
         plugin_names: set[str],
     ) -> None:
         known: set[str] = set(plugin_names)
@@ -763,9 +707,9 @@ class Patcher:
     # ------------------------------------------------------------------ starting
 
     def _start(
-        self, entries: list[_Entry], hooks: list[_HookState], legacy: list[_LegacyState]
+        self, entries: list[Entry], hooks: list[HookState], legacy: list[LegacyState]
     ) -> None:
-        immediate: list[_Entry] = []
+        immediate: list[Entry] = []
         for entry in entries:
             self._advance(entry)
             if entry.state == APPLIED and entry.immediate:
@@ -779,13 +723,13 @@ class Patcher:
     def _in_apply_call(self) -> bool:
         return self._applying_thread == threading.get_ident()
 
-    def _advance(self, entry: _Entry) -> None:
+    def _advance(self, entry: Entry) -> None:
         """Move an entry as far as it can go now. Safe to call from any thread, any time."""
         with self._lock:
             if entry.state not in (PLANNED, PENDING):
                 return
             for dep in entry.deps:
-                if dep.state in _FINAL_NOT_APPLIED:
+                if dep.state in FINAL_NOT_APPLIED:
                     reason = f"needs {dep.patch.name!r}, which is {dep.state}"
                     self._finish(entry, SKIPPED, Status.SKIPPED, reason)
                     return
@@ -808,7 +752,7 @@ class Patcher:
                     # Which prefix is the module cannot be known without importing, so
                     # every candidate is watched: the patch lands as soon as the
                     # defining module has run, before a package __init__ re-exports it.
-                    for candidate in _candidate_modules(entry.patch.path, found.module):
+                    for candidate in candidate_modules(entry.patch.path, found.module):
                         self._wait_for(entry, candidate)
                     entry.record.set(Status.PENDING, f"waiting for import of {found.module}")
             # Another thread may have started importing the module between resolve()
@@ -821,7 +765,7 @@ class Patcher:
                     self._on_import(entry, found.module)
             return
         if isinstance(found, Missing):
-            unfinished = _initializing_prefixes(entry.patch.path)
+            unfinished = initializing_prefixes(entry.patch.path)
             with self._lock:
                 if entry.state not in (PLANNED, PENDING):
                     return
@@ -836,7 +780,7 @@ class Patcher:
             return
         self._install(entry, found)
 
-    def _wait_for(self, entry: _Entry, module: str) -> None:
+    def _wait_for(self, entry: Entry, module: str) -> None:
         entry.state = PENDING
         entry.record.set(Status.PENDING, f"waiting for import of {module}")
         if module not in entry.watching:
@@ -844,10 +788,10 @@ class Patcher:
                 module, functools.partial(self._entry_imported, entry, module)
             )
 
-    def _entry_imported(self, entry: _Entry, name: str, module: types.ModuleType) -> None:
+    def _entry_imported(self, entry: Entry, name: str, module: types.ModuleType) -> None:
         self._on_import(entry, name)
 
-    def _on_import(self, entry: _Entry, module: str) -> None:
+    def _on_import(self, entry: Entry, module: str) -> None:
         with self._lock:
             handle = entry.watching.pop(module, None)
         if handle is not None:
@@ -868,7 +812,7 @@ class Patcher:
                 # this thread is the one importing (a circular import).
                 wait_for_import(name)
 
-    def _install(self, entry: _Entry, slot: Slot) -> None:
+    def _install(self, entry: Entry, slot: Slot) -> None:
         with self._lock:
             if entry.state not in (PLANNED, PENDING):
                 return
@@ -886,7 +830,7 @@ class Patcher:
                 except Exception as exc:
                     raise PatchError(f"precheck raised {type(exc).__name__}: {exc}") from exc
                 if not ok:
-                    raise _Skip("precheck returned False")
+                    raise Skip("precheck returned False")
             new_inner = self._build(entry, original)
             new_raw = (
                 adapt_to_descriptor(original_raw, new_inner) if slot.kind == "class" else new_inner
@@ -908,36 +852,36 @@ class Patcher:
                 entry.record.set(Status.REVERTED, "reverted while it was being installed")
                 return
             self._watch_with_imports(entry, site)
-        except _Skip as skip:
+        except Skip as skip:
             with self._lock:
                 self._finish(entry, SKIPPED, Status.SKIPPED, str(skip))
         except Exception as exc:
             reason = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
             with self._lock:
-                self._finish(entry, FAILED, Status.FAILED, f"{reason} [{_who(entry)}]")
+                self._finish(entry, FAILED, Status.FAILED, f"{reason} [{who(entry)}]")
             if self._strict:
                 self._advance_dependents(entry)
                 raise PatchError(
-                    f"ascend-patch (strict): could not apply {_who(entry)}: {reason}"
+                    f"ascend-patch (strict): could not apply {who(entry)}: {reason}"
                 ) from exc
         if entry.state == APPLIED:
             for alias in entry.alias_sites:
                 self._advance_alias(entry, alias)
         self._advance_dependents(entry)
 
-    def _advance_dependents(self, entry: _Entry) -> None:
+    def _advance_dependents(self, entry: Entry) -> None:
         for dependent in list(entry.dependents):
             self._advance(dependent)
 
-    def _build(self, entry: _Entry, original: Any) -> Any:
+    def _build(self, entry: Entry, original: Any) -> Any:
         patch = entry.patch
         replacement = patch.replacement
         if isinstance(replacement, str):
             try:
-                replacement = _resolve_string(replacement)
+                replacement = resolve_string(replacement)
             except ModuleNotFoundError as exc:
                 if patch.target_wrapper is None:
-                    raise _Skip(
+                    raise Skip(
                         f"replacement {patch.replacement!r} is not importable: {exc}"
                     ) from exc
                 replacement = None
@@ -945,7 +889,7 @@ class Patcher:
             if patch.target_wrapper is None:
                 raise PatchError("no replacement")
             if original is None:
-                raise _Skip("target_wrapper has no original to wrap (the target is None)")
+                raise Skip("target_wrapper has no original to wrap (the target is None)")
             try:
                 replacement = patch.target_wrapper(original)
             except Exception as exc:
@@ -972,7 +916,7 @@ class Patcher:
                 replacement = descriptor(replacement)
         return replacement
 
-    def _watch_with_imports(self, entry: _Entry, site: _Site) -> None:
+    def _watch_with_imports(self, entry: Entry, site: Site) -> None:
         """After a with_imports trampoline's first call, install the function itself."""
         state = lazy_imports_of(inner_callable(site.installed))
         if state is None:
@@ -995,7 +939,7 @@ class Patcher:
 
         state.on_resolved.append(swap)
 
-    def _advance_alias(self, entry: _Entry, site: _Site) -> None:
+    def _advance_alias(self, entry: Entry, site: Site) -> None:
         path = site.path.text
         if site.slot is not None or entry.state != APPLIED:
             return
@@ -1006,7 +950,7 @@ class Patcher:
             with self._lock:
                 if entry.state != APPLIED:
                     return
-                for candidate in _candidate_modules(site.path, found.module):
+                for candidate in candidate_modules(site.path, found.module):
                     key = f"alias:{path}:{candidate}"
                     if key not in entry.watching:
                         callback = functools.partial(self._alias_imported, entry, site, key)
@@ -1050,16 +994,14 @@ class Patcher:
             return
         entry.record.aliases[path] = "applied"
 
-    def _alias_imported(
-        self, entry: _Entry, site: _Site, key: str, module: types.ModuleType
-    ) -> None:
+    def _alias_imported(self, entry: Entry, site: Site, key: str, module: types.ModuleType) -> None:
         with self._lock:
             handle = entry.watching.pop(key, None)
         if handle is not None:
             hub.unwatch(handle)
         self._advance_alias(entry, site)
 
-    def _stop_alias_watches(self, entry: _Entry, path: str) -> None:
+    def _stop_alias_watches(self, entry: Entry, path: str) -> None:
         prefix = f"alias:{path}:"
         with self._lock:
             keys = [k for k in entry.watching if k.startswith(prefix)]
@@ -1067,7 +1009,7 @@ class Patcher:
         for handle in handles:
             hub.unwatch(handle)
 
-    def _finish(self, entry: _Entry, state: str, status: Status, reason: str | None) -> None:
+    def _finish(self, entry: Entry, state: str, status: Status, reason: str | None) -> None:
         entry.state = state
         entry.record.set(status, reason)
         for handle in entry.watching.values():
@@ -1076,7 +1018,7 @@ class Patcher:
 
     # ------------------------------------------------------------------ module hooks, legacy
 
-    def _start_hook(self, state: _HookState) -> list[_Entry]:
+    def _start_hook(self, state: HookState) -> list[Entry]:
         hook = state.hook
         if state.record.status is Status.SKIPPED:
             return []
@@ -1087,16 +1029,16 @@ class Patcher:
                 return []
         state.handle = hub.watch_pattern(hook.pattern, functools.partial(self._visit_hook, state))
         state.record.set(Status.APPLIED, "watching")
-        produced: list[_Entry] = []
+        produced: list[Entry] = []
         for name, module in sorted(list(sys.modules.items()), key=lambda kv: kv[0]):
-            if module is not None and hub_matches(hook.pattern, name):
+            if module is not None and fnmatch.fnmatchcase(name, hook.pattern):
                 produced.extend(self._visit(state, module))
         return [e for e in produced if e.state == APPLIED]
 
-    def _visit_hook(self, state: _HookState, module: types.ModuleType) -> None:
+    def _visit_hook(self, state: HookState, module: types.ModuleType) -> None:
         self._visit(state, module)
 
-    def _visit(self, state: _HookState, module: types.ModuleType) -> list[_Entry]:
+    def _visit(self, state: HookState, module: types.ModuleType) -> list[Entry]:
         if id(module) in state.visited or state.record.status not in (Status.APPLIED,):
             return []
         state.visited.add(id(module))
@@ -1125,7 +1067,7 @@ class Patcher:
                     group=state.hook.name,
                     provenance=state.provenance,
                 )
-                entry = _Entry(patch, record, state.hook.name, state.provenance)
+                entry = Entry(patch, record, state.hook.name, state.provenance)
                 if patch.runtime_check is not None:
                     entry.counters = record.counters = CallCounters()
                 if entry.names() & self._disabled:
@@ -1139,7 +1081,7 @@ class Patcher:
         state.record.set(Status.APPLIED, f"watching; visited {state.modules} module(s)")
         return entries
 
-    def _start_legacy(self, state: _LegacyState) -> None:
+    def _start_legacy(self, state: LegacyState) -> None:
         if state.record.status in (Status.SKIPPED, Status.FAILED):
             return
         module_name = state.patch.target_module
@@ -1147,7 +1089,7 @@ class Patcher:
         state.record.set(Status.PENDING, f"waiting for import of {module_name}")
         state.handle = hub.when_imported(module_name, functools.partial(self._run_legacy, state))
 
-    def _run_legacy(self, state: _LegacyState, module: types.ModuleType) -> None:
+    def _run_legacy(self, state: LegacyState, module: types.ModuleType) -> None:
         with self._lock:
             if state.done:
                 return
@@ -1234,7 +1176,7 @@ class Patcher:
 
     # ------------------------------------------------------------------ stale references
 
-    def _scan_stale(self, entries: list[_Entry]) -> None:
+    def _scan_stale(self, entries: list[Entry]) -> None:
         candidates = [
             e
             for e in entries
@@ -1252,7 +1194,7 @@ class Patcher:
             for s in (e.primary, *e.alias_sites)
             if s.slot is not None
         }
-        holders = find_holders(originals, exclude, _own_modules(candidates))
+        holders = find_holders(originals, exclude, own_modules(candidates))
         for entry in candidates:
             found = holders.get(id(entry.original), [])
             if not found:
@@ -1340,7 +1282,7 @@ class Patcher:
         return report
 
     @staticmethod
-    def _restore_late_holders(log: list[_Site], entries: list[_Entry]) -> None:
+    def _restore_late_holders(log: list[Site], entries: list[Entry]) -> None:
         """Give back the original to modules that imported the replacement while applied.
 
         ``from x import f`` executed after the patch binds the replacement; without
@@ -1361,14 +1303,14 @@ class Patcher:
             owners.add(id(slot.owner))
         if not pairs:
             return
-        holders = find_holders({k: v[0] for k, v in pairs.items()}, owners, _own_modules(entries))
+        holders = find_holders({k: v[0] for k, v in pairs.items()}, owners, own_modules(entries))
         for key, found in holders.items():
             installed, original = pairs[key]
             for module, name in found:
                 if vars(module).get(name) is installed:
                     setattr(module, name, original)
 
-    def _restore_site(self, site: _Site) -> None:
+    def _restore_site(self, site: Site) -> None:
         slot = site.slot
         if slot is None:
             return
@@ -1387,7 +1329,7 @@ class Patcher:
         site.slot = None
         site.installed = site.installed_inner = None
 
-    def _undo_entry(self, entry: _Entry, status: Status, reason: str) -> None:
+    def _undo_entry(self, entry: Entry, status: Status, reason: str) -> None:
         with self._lock:
             sites = [s for s in (entry.primary, *entry.alias_sites) if s.slot is not None]
             for site in sites:
@@ -1403,140 +1345,3 @@ class Patcher:
         with self._lock:
             if message not in self._warnings:
                 self._warnings.append(message)
-
-
-def hub_matches(pattern: str, name: str) -> bool:
-    import fnmatch
-
-    return fnmatch.fnmatchcase(name, pattern)
-
-
-def _resolve_string(path: str) -> Any:
-    """Import ``"pkg.mod:attr.sub"`` or ``"pkg.mod.attr"`` (longest importable module prefix)."""
-    if ":" in path:
-        module_name, _, attr = path.partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        module_name = ".".join(parts[:cut])
-        try:
-            obj = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and module_name.startswith(exc.name) and cut > 1:
-                continue
-            raise
-        for part in parts[cut:]:
-            obj = getattr(obj, part)
-        return obj
-    raise ModuleNotFoundError(f"No module named {parts[0]!r}", name=parts[0])
-
-
-def _initializing_prefixes(path: TargetPath) -> list[str]:
-    """Modules on ``path`` that are imported but still running their body."""
-    names: list[str] = []
-    name = ""
-    for segment in path.segments[:-1]:
-        if segment.is_key:
-            break
-        name = f"{name}.{segment.name}" if name else segment.name
-        module = sys.modules.get(name)
-        if module is None:
-            break
-        if initializing(module):
-            names.append(name)
-    return names
-
-
-def _own_modules(entries: Iterable[_Entry]) -> list[str]:
-    """Modules whose references to originals and replacements are deliberate.
-
-    The core itself, each replacement's defining module, and the package of the
-    plugin that declared the patch: a plugin keeping ``_orig = torch.zeros`` for its
-    fallback must never be rebound to the replacement (that would recurse).
-    """
-    names = {"ascend_patch_core"}
-    for entry in entries:
-        target_module = entry.patch.path.root
-        for obj in (entry.new_inner, entry.patch.replacement):
-            module = getattr(inner_callable(obj), "__module__", None)
-            if not isinstance(module, str) or module == "builtins":
-                continue
-            names.add(module)
-            # Fallback references often live beside the replacement; protect its
-            # package too, unless the target lives in that same package.
-            package = module.rpartition(".")[0]
-            if package and package.partition(".")[0] != target_module:
-                names.add(package)
-        if entry.provenance.entry_point:
-            value = entry.provenance.entry_point.partition("=")[2].strip()
-            names.add(value.partition(":")[0].partition(".")[0])
-    return sorted(names)
-
-
-def _candidate_modules(path: TargetPath, first_missing: str) -> list[str]:
-    """Module names, from ``first_missing`` down, that may hold the target's slot."""
-    names: list[str] = []
-    name = ""
-    limit = len(path.module.split(".")) if path.module else len(path.segments) - 1
-    for segment in path.segments[:limit]:
-        if segment.is_key:
-            break
-        name = f"{name}.{segment.name}" if name else segment.name
-        if len(name) >= len(first_missing):
-            names.append(name)
-    return names or [first_missing]
-
-
-def _norm_target(path: str) -> str:
-    return path.replace(":", ".")
-
-
-def _who(entry: _Entry) -> str:
-    label = repr(entry.patch.name)
-    if entry.group and entry.group != entry.patch.name:
-        label = f"{entry.group}/{label}"
-    if entry.provenance.plugin:
-        label += f" from plugin {entry.provenance.plugin!r}"
-    return label
-
-
-def _label(item: object) -> str:
-    return item.__qualname__ if isinstance(item, type) else repr(item)
-
-
-def _in_cycle(start: _Entry) -> bool:
-    seen: set[int] = set()
-    stack = list(start.deps)
-    while stack:
-        entry = stack.pop()
-        if entry is start:
-            return True
-        if id(entry) in seen:
-            continue
-        seen.add(id(entry))
-        stack.extend(entry.deps)
-    return False
-
-
-def _dependency_order(entries: list[_Entry]) -> list[_Entry]:
-    """Stable topological order: declaration order, except that dependencies come first."""
-    ordered: list[_Entry] = []
-    placed: set[int] = set()
-    members = {id(e) for e in entries}
-
-    def place(entry: _Entry, trail: set[int]) -> None:
-        if id(entry) in placed or id(entry) in trail:
-            return
-        trail.add(id(entry))
-        for dep in entry.deps:
-            if id(dep) in members:
-                place(dep, trail)
-        placed.add(id(entry))
-        ordered.append(entry)
-
-    for entry in entries:
-        place(entry, set())
-    return ordered

@@ -16,6 +16,7 @@ a not-yet-imported library is free and ``apply()`` stays side-effect free.
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 import types
@@ -25,6 +26,7 @@ from typing import Any
 from typing import NamedTuple
 
 from ._errors import PatchDefinitionError
+from ._hub import initializing
 
 
 __all__ = [
@@ -34,7 +36,10 @@ __all__ = [
     "TargetPath",
     "Waiting",
     "adapt_to_descriptor",
+    "candidate_modules",
+    "initializing_prefixes",
     "inner_callable",
+    "resolve_string",
 ]
 
 # Patterns are compiled on first use (re caches them): import time is budgeted.
@@ -348,3 +353,59 @@ def adapt_to_descriptor(original_raw: Any, new: Any) -> Any:
     if isinstance(original_raw, property) and callable(new):
         return property(new, original_raw.fset, original_raw.fdel, original_raw.__doc__)
     return new
+
+
+# ----------------------------------------------------------------------------- helpers over paths
+
+
+def resolve_string(path: str) -> Any:
+    """Import ``"pkg.mod:attr.sub"`` or ``"pkg.mod.attr"`` (longest importable module prefix)."""
+    if ":" in path:
+        module_name, _, attr = path.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module_name.startswith(exc.name) and cut > 1:
+                continue
+            raise
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ModuleNotFoundError(f"No module named {parts[0]!r}", name=parts[0])
+
+
+def initializing_prefixes(path: TargetPath) -> list[str]:
+    """Modules on ``path`` that are imported but still running their body."""
+    names: list[str] = []
+    name = ""
+    for segment in path.segments[:-1]:
+        if segment.is_key:
+            break
+        name = f"{name}.{segment.name}" if name else segment.name
+        module = sys.modules.get(name)
+        if module is None:
+            break
+        if initializing(module):
+            names.append(name)
+    return names
+
+
+def candidate_modules(path: TargetPath, first_missing: str) -> list[str]:
+    """Module names, from ``first_missing`` down, that may hold the target's slot."""
+    names: list[str] = []
+    name = ""
+    limit = len(path.module.split(".")) if path.module else len(path.segments) - 1
+    for segment in path.segments[:limit]:
+        if segment.is_key:
+            break
+        name = f"{name}.{segment.name}" if name else segment.name
+        if len(name) >= len(first_missing):
+            names.append(name)
+    return names or [first_missing]
