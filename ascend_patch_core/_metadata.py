@@ -169,9 +169,17 @@ class MetadataCache:
             data = self._load()
             rows = None if fresh else data["groups"].get(group)
             if rows is None:
-                rows = _scan_group(group)
+                rows, shadowed = _scan_group(group)
                 data["groups"][group] = rows
+                data.setdefault("shadowed", {})[group] = shadowed
                 self._dirty = True
+            return [EntryPointInfo(*row) for row in rows]
+
+    def shadowed_entry_points(self, group: str) -> list[EntryPointInfo]:
+        """Entry points of ``group`` dropped because an earlier distribution has the same name."""
+        with self._lock:
+            self.entry_points(group)
+            rows = self._load().get("shadowed", {}).get(group, [])
             return [EntryPointInfo(*row) for row in rows]
 
     def version(self, distribution: str) -> str | None:
@@ -201,10 +209,15 @@ class MetadataCache:
             self._dirty = True
 
 
-def _scan_group(group: str) -> list[tuple[str, str, str, str, str]]:
+_Row = tuple[str, str, str, str, str]
+
+
+def _scan_group(group: str) -> tuple[list[_Row], list[_Row]]:
+    """(kept, shadowed) entry points of ``group``."""
     from importlib import metadata as importlib_metadata
 
-    rows: dict[str, tuple[str, str, str, str, str]] = {}
+    rows: dict[str, _Row] = {}
+    shadowed: list[_Row] = []
     for dist in importlib_metadata.distributions():
         try:
             eps = [ep for ep in dist.entry_points if ep.group == group]
@@ -216,8 +229,13 @@ def _scan_group(group: str) -> list[tuple[str, str, str, str, str]]:
         version = dist.version or "?"
         for ep in eps:
             # pluggy's rule: the first distribution on sys.path wins a name.
-            rows.setdefault(ep.name, (ep.name, ep.value, group, name, version))
-    return [rows[name] for name in sorted(rows)]
+            row = (ep.name, ep.value, group, name, version)
+            if ep.name in rows:
+                if rows[ep.name][3] != name:  # the same dist seen twice is no conflict
+                    shadowed.append(row)
+            else:
+                rows[ep.name] = row
+    return [rows[n] for n in sorted(rows)], shadowed
 
 
 #: The process-wide cache.

@@ -163,6 +163,12 @@ def load_plugins(
     infos: list[EntryPointInfo] = []
     if selection.autoload or selection.allow:
         infos = cache.entry_points(_hookspecs.PROJECT_NAME)
+    for dropped in cache.shadowed_entry_points(_hookspecs.PROJECT_NAME) if infos else ():
+        kept = next((i for i in infos if i.name == dropped.name), None)
+        warnings.append(
+            f"plugin name {dropped.name!r} is declared by {dropped.distribution} {dropped.version} too; "
+            f"{kept.distribution if kept else '?'} comes first on sys.path and is the one used"
+        )
     known: set[str] = set()
     for info in infos:
         known |= _names_of(info)

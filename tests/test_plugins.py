@@ -300,7 +300,7 @@ def test_plugins_are_ordered_by_entry_point_name_not_sys_path(
 def test_first_distribution_on_sys_path_wins_an_entry_point_name(
     dists: DistFactory, target: str, new_patcher: Callable[..., Patcher]
 ) -> None:
-    """Two distributions publishing the same entry-point name: the one earlier on sys.path is used."""
+    """Two distributions publishing the same entry-point name: the one earlier on sys.path is used, with a warning."""
     ep = dists.unique("apx_dup")
     dists(good_plugin_source(target, "behind"), ep=ep, dist="apx-behind")
     front = dists(
@@ -313,6 +313,10 @@ def test_first_distribution_on_sys_path_wins_an_entry_point_name(
     assert record.provenance.distribution == "apx-front"
     assert record.provenance.file == front.file
     assert core(target).compute(1) == ("front", 1)
+    assert any(
+        ep in w and "apx-behind" in w and "apx-front" in w and "first on sys.path" in w
+        for w in report.warnings
+    ), report.warnings
 
 
 @pytest.mark.parametrize("attr", ["plugin", "Plugin"], ids=["instance", "class"])
