@@ -4,15 +4,20 @@ Each ``data/torch_npu-<version>.json`` is generated from that version's wheel by
 ``tools/extract_npu_schemas.py`` (it reads
 ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``, sections custom,
 autograd, symint, and parses every entry with ``torchgen.model.FunctionSchema``).
-Format::
+Format (one op per line, sorted by name and overload)::
 
     {"format": 1, "torch_npu": "2.14.0", "source": "<wheel file name>",
-     "ops": [{"name": "npu_rms_norm", "overload": "", "section": "custom",
-              "exposed": true,
-              "schema": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)"},
-             ...]}
+    "skipped": [{"schema": "...", "section": "custom", "reason": "torchgen: ..."}, ...],
+    "ops": [{"name": "npu_rms_norm", "overload": "", "section": "custom", "exposed": true,
+             "schema": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)"},
+            ...]}
 
-Loading needs no torch: this module is plain data access.
+``skipped`` lists the entries torchgen cannot parse (the ``Dimname`` overloads of
+the 2.1 to 2.12 wheels); torch cannot register them either, so they are not ops here.
+
+Loading needs no torch: this module is plain data access, and
+:func:`parse_arguments` reads argument names, defaults and keyword-only flags from
+a schema string (checked against torchgen for every committed op by the tests).
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 
-__all__ = ["DEFAULT_VERSION", "OpSchema", "available_versions", "load_schemas"]
+__all__ = [
+    "DEFAULT_VERSION",
+    "Argument",
+    "OpSchema",
+    "available_versions",
+    "load_schemas",
+    "parse_arguments",
+]
 
 _DATA = Path(__file__).resolve().parent / "data"
 _PREFIX = "torch_npu-"
@@ -48,6 +60,97 @@ class OpSchema(NamedTuple):
     @property
     def qualified(self) -> str:
         return f"{self.name}.{self.overload}" if self.overload else self.name
+
+    @property
+    def arguments(self) -> tuple[Argument, ...]:
+        """The declared arguments, in order (parsed from :attr:`schema`, no torch)."""
+        return parse_arguments(self.schema)
+
+
+class Argument(NamedTuple):
+    """One declared argument of an op schema."""
+
+    name: str
+    #: The schema type as written, alias annotations included: ``Tensor(a!)``, ``int[2]``, ``float?``.
+    type: str
+    #: The default as written in the schema (``"None"``, ``"1e-06"``, ``"'half'"``);
+    #: ``None`` when the argument has no default, i.e. is required.
+    default: str | None
+    #: Declared after ``*``: it can only be passed by keyword.
+    kwarg_only: bool
+
+
+@cache
+def parse_arguments(schema: str) -> tuple[Argument, ...]:
+    """The arguments of ``schema`` (``name[.overload](args) -> returns``), in order."""
+    start = schema.find("(")
+    end = _closing(schema, start) if start > 0 else -1
+    if end < 0:
+        raise ValueError(f"not an op schema (expected 'name(args) -> returns'): {schema!r}")
+    arguments: list[Argument] = []
+    kwarg_only = False
+    for piece in _split_top_level(schema[start + 1 : end]):
+        if piece == "*":
+            kwarg_only = True
+            continue
+        declaration, equals, default = piece.partition("=")
+        type_, _, name = declaration.strip().rpartition(" ")
+        if not type_ or not name.isidentifier():
+            raise ValueError(f"cannot read argument {piece!r} of {schema!r}")
+        arguments.append(
+            Argument(name, type_.strip(), default.strip() if equals else None, kwarg_only)
+        )
+    return tuple(arguments)
+
+
+_OPENING = {"(": ")", "[": "]"}
+
+
+def _closing(text: str, start: int) -> int:
+    """Index of the bracket that closes ``text[start]``, or -1."""
+    depth = 0
+    quote = ""
+    for index in range(start, len(text)):
+        char = text[index]
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+            if depth == 0:
+                return index
+    return -1
+
+
+def _split_top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets and quotes, pieces stripped."""
+    pieces: list[str] = []
+    depth = 0
+    quote = ""
+    current: list[str] = []
+    for char in text:
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in _OPENING:
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            pieces.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    tail = "".join(current).strip()
+    if tail or pieces:
+        pieces.append(tail)
+    return pieces
 
 
 def available_versions() -> list[str]:

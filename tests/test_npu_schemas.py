@@ -1,0 +1,348 @@
+"""The committed torch_npu schema data: its shape, the torch-free argument parser, the generator.
+
+The network test regenerates one version from its PyPI wheel and compares it with
+the committed file byte for byte.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ascend_patch_core.emulator import DEFAULT_VERSION
+from ascend_patch_core.emulator import Argument
+from ascend_patch_core.emulator import available_versions
+from ascend_patch_core.emulator import load_schemas
+from ascend_patch_core.emulator import parse_arguments
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "ascend_patch_core" / "emulator" / "data"
+REQUIRED = ["2.1.0.post17", "2.6.0.post5", "2.9.0.post9", "2.12.0.post3", "2.13.0", "2.14.0"]
+
+
+@pytest.fixture(scope="module")
+def extractor() -> ModuleType:
+    """tools/extract_npu_schemas.py, imported from its path (tools/ is not a package)."""
+    path = ROOT / "tools" / "extract_npu_schemas.py"
+    spec = importlib.util.spec_from_file_location("extract_npu_schemas", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def torchgen_model() -> ModuleType:
+    return pytest.importorskip("torchgen.model", reason="torchgen ships with torch")
+
+
+# --------------------------------------------------------------------------- committed data
+
+
+def test_committed_versions_are_the_generators_list(extractor):
+    """Every required version has data, and the data folder holds exactly the script's versions."""
+    assert set(REQUIRED) <= set(available_versions())
+    assert available_versions() == list(extractor.VERSIONS)
+    assert DEFAULT_VERSION in available_versions()
+
+
+def test_data_files_are_compact_and_one_op_per_line():
+    """Files total under 1.5 MB; each op is one line, sorted, and the header names the version and wheel."""
+    files = sorted(DATA.glob("torch_npu-*.json"))
+    assert sum(f.stat().st_size for f in files) < 1_500_000
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+        version = path.name[len("torch_npu-") : -len(".json")]
+        assert data["format"] == 1
+        assert data["torch_npu"] == version
+        assert re.fullmatch(rf"torch_npu-{re.escape(version)}-cp311-.*\.whl", data["source"])
+        op_lines = [line for line in text.splitlines() if line.startswith('{"name": ')]
+        assert len(op_lines) == len(data["ops"])
+        keys = [(op["name"], op["overload"]) for op in data["ops"]]
+        assert keys == sorted(keys)
+        assert len(set(keys)) == len(keys)
+
+
+@pytest.mark.parametrize("version", REQUIRED)
+def test_every_committed_schema_parses_with_torchgen_and_matches_its_row(version):
+    """Name and overload of each row are what torchgen reads from its schema string."""
+    model = torchgen_model()
+    for key, op in load_schemas(version).items():
+        parsed = model.FunctionSchema.parse(op.schema)
+        assert (str(parsed.name.name), parsed.name.overload_name) == (op.name, op.overload)
+        assert key == op.qualified
+        assert op.section in ("custom", "autograd", "symint")
+
+
+@pytest.mark.parametrize("version", REQUIRED)
+def test_torch_free_argument_parser_agrees_with_torchgen(version):
+    """For every committed op: same argument names, types, defaults and keyword-only flags as torchgen."""
+    model = torchgen_model()
+    for op in load_schemas(version).values():
+        assert [_render(a) for a in op.arguments] == _torchgen_view(model, op.schema), op.schema
+
+
+def test_op_counts_and_known_drift_across_versions():
+    """Facts read from the wheels (docs: reference torch_npu §1, §4) hold in the data."""
+    counts = {v: len(load_schemas(v)) for v in REQUIRED}
+    assert counts == {
+        "2.1.0.post17": 321,
+        "2.6.0.post5": 337,
+        "2.9.0.post9": 425,
+        "2.12.0.post3": 425,
+        "2.13.0": 425,
+        "2.14.0": 425,
+    }
+
+    def names(version, op):
+        return [a.name for a in load_schemas(version)[op].arguments]
+
+    # npu_rotary_mul gained `rotate` in 2.7.1.post8.
+    assert names("2.6.0.post5", "npu_rotary_mul") == ["self", "r1", "r2", "rotary_mode"]
+    assert names("2.9.0.post9", "npu_rotary_mul")[-1] == "rotate"
+    # npu_fusion_attention: softmax_layout (2.1.0.post17), sink (2.6.0.post5), dropout_mask.. (2.7.1.post8).
+    assert names("2.1.0.post17", "npu_fusion_attention")[-1] == "softmax_layout"
+    assert names("2.6.0.post5", "npu_fusion_attention")[-1] == "sink"
+    assert names("2.14.0", "npu_fusion_attention")[-3:] == ["dropout_mask", "seed", "offset"]
+    # npu_format_cast's customize_dtype became keyword-only in 2.7.1.post8.
+    cast = {a.name: a for a in load_schemas("2.6.0.post5")["npu_format_cast"].arguments}
+    assert not cast["customize_dtype"].kwarg_only
+    cast = {a.name: a for a in load_schemas("2.9.0.post9")["npu_format_cast"].arguments}
+    assert cast["customize_dtype"].kwarg_only
+    rms = load_schemas("2.14.0")["npu_rms_norm"].arguments
+    assert rms[-1] == Argument("epsilon", "float", "1e-06", False)
+    # The 2.13 and 2.14 custom-op yaml are the same after parsing.
+    assert load_schemas("2.13.0") == load_schemas("2.14.0")
+
+
+def test_dimname_overloads_are_skipped_with_the_reason():
+    """≤2.12 wheels carry three Dimname overloads torchgen (and torch.library) reject; 2.13+ have none."""
+    for version in REQUIRED:
+        data = json.loads((DATA / f"torch_npu-{version}.json").read_text(encoding="utf-8"))
+        skipped = sorted(row["schema"].split("(")[0] for row in data["skipped"])
+        if version in ("2.13.0", "2.14.0"):
+            assert skipped == []
+        else:
+            assert skipped == ["empty_with_format.names", "npu_max.names_dim", "npu_min.names_dim"]
+            assert all("Dimname" in row["reason"] for row in data["skipped"])
+            assert "npu_max.names_dim" not in load_schemas(version)
+            assert "npu_max.dim" in load_schemas(version)
+
+
+# --------------------------------------------------------------------------- the argument parser
+
+
+def test_parse_arguments_reads_brackets_quotes_annotations_and_the_star():
+    schema = (
+        'f.out(Tensor(a!) self, int[4] dilation=[1,1,1,1], str sep=",", *, '
+        "str mode='a, b', float? scale=None, Tensor(b!) out) -> Tensor(b!)"
+    )
+    assert parse_arguments(schema) == (
+        Argument("self", "Tensor(a!)", None, False),
+        Argument("dilation", "int[4]", "[1,1,1,1]", False),
+        Argument("sep", "str", '","', False),
+        Argument("mode", "str", "'a, b'", True),
+        Argument("scale", "float?", "None", True),
+        Argument("out", "Tensor(b!)", None, True),
+    )
+    assert parse_arguments("npu_get_float_status() -> Tensor") == ()
+
+
+@pytest.mark.parametrize(
+    "bad", ["no_parens -> Tensor", "f(Tensor self -> Tensor", "f(Tensor) -> Tensor"]
+)
+def test_parse_arguments_rejects_what_is_not_a_schema(bad):
+    with pytest.raises(ValueError, match=r"^(not an op schema|cannot read argument)"):
+        parse_arguments(bad)
+
+
+_TYPES = [
+    "Tensor",
+    "Tensor?",
+    "Tensor[]",
+    "int",
+    "int[2]",
+    "int[]?",
+    "float",
+    "bool",
+    "str",
+    "SymInt[]",
+    "Scalar",
+]
+_DEFAULTS = {
+    "Tensor?": ["None"],
+    "int[]?": ["None", "[1,2]"],
+    "int": ["0", "-1", "2147483647"],
+    "int[2]": ["[1,1]", "1"],
+    "float": ["1.", "1e-06", "0.5"],
+    "bool": ["True", "False"],
+    "str": ["'half'", '"BSND"', '""', "'a,b'"],
+    "SymInt[]": ["[]"],
+    "Scalar": ["1"],
+}
+
+
+@st.composite
+def schemas(draw):
+    count = draw(st.integers(0, 6))
+    names = draw(
+        st.lists(
+            st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True),
+            min_size=count,
+            max_size=count,
+            unique=True,
+        )
+    )
+    star = draw(st.integers(0, count))
+    arguments = []
+    for index, name in enumerate(names):
+        type_ = draw(st.sampled_from(_TYPES))
+        default = None
+        if type_ in _DEFAULTS and draw(st.booleans()):
+            default = draw(st.sampled_from(_DEFAULTS[type_]))
+        arguments.append(Argument(f"a_{name}", type_, default, index >= star))
+    parts = [_declaration(a) for a in arguments]
+    if star < count:
+        parts.insert(star, "*")
+    return f"op_x({', '.join(parts)}) -> Tensor", tuple(arguments)
+
+
+@given(schemas())
+def test_parse_arguments_round_trips_generated_schemas_like_torchgen(case):
+    """Any generated schema: the parser returns what was written, and torchgen reads the same."""
+    schema, arguments = case
+    assert parse_arguments(schema) == arguments
+    model = torchgen_model()
+    assert [_render(a) for a in arguments] == _torchgen_view(model, schema)
+
+
+def _declaration(argument: Argument) -> str:
+    """The argument as a schema writes it: ``type name[=default]``."""
+    text = f"{argument.type} {argument.name}"
+    return text if argument.default is None else f"{text}={argument.default}"
+
+
+def _render(argument: Argument) -> str:
+    """The declaration, starred when keyword-only: what both parsers are compared on."""
+    return f"{'*' if argument.kwarg_only else ''}{_declaration(argument)}"
+
+
+def _torchgen_view(model, schema: str) -> list[str]:
+    parsed = model.FunctionSchema.parse(schema)
+    keyword_only = {a.name for a in parsed.arguments.flat_kwarg_only}
+    keyword_only |= {a.name for a in parsed.arguments.out}
+    return [f"{'*' if a.name in keyword_only else ''}{a}" for a in parsed.arguments.flat_all]
+
+
+# --------------------------------------------------------------------------- the generator
+
+
+SYNTHETIC_YAML = """\
+backend: NPU
+cpp_namespace: at_npu::native
+supported:
+  - add.Tensor
+custom:
+  - func: npu_b(Tensor self, *, float eps=1e-06) -> Tensor
+    exposed: True
+  - func: npu_a.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+  - func: npu_a(Tensor self) -> Tensor
+  - func: npu_max.names_dim(Tensor self, Dimname dim, bool keepdim=False) -> (Tensor values, Tensor indices)
+autograd:
+  - func: npu_c(Tensor x) -> Tensor
+symint:
+  - as_strided_
+  - func: npu_a(Tensor self) -> Tensor
+    exposed: True
+"""
+
+
+def test_generator_merges_symint_repeats_skips_bare_names_and_records_unparsable(extractor):
+    pytest.importorskip(
+        "yaml", reason="PyYAML is in requirements/tests.txt; rerun `python3 dev.py test`"
+    )
+    torchgen_model()
+    ops, skipped = extractor.parse_entries(SYNTHETIC_YAML)
+    assert [(e.name, e.overload, e.section, e.exposed) for e in ops] == [
+        ("npu_a", "", "custom", True),  # the symint repeat made it exposed, not a second row
+        ("npu_a", "out", "custom", False),
+        ("npu_b", "", "custom", True),
+        ("npu_c", "", "autograd", False),
+    ]
+    assert [row["schema"].split("(")[0] for row in skipped] == ["npu_max.names_dim"]
+    assert "Dimname" in skipped[0]["reason"]
+
+    text = extractor.render("9.9.9", "torch_npu-9.9.9-cp311-x.whl", ops, skipped)
+    data = json.loads(text)
+    assert data["torch_npu"] == "9.9.9" and len(data["ops"]) == 4
+    lines = text.splitlines()
+    assert lines[1:2] + lines[3:5] + lines[-1:] == ['"skipped": [', "],", '"ops": [', "]}"]
+    assert [json.loads(line.rstrip(","))["name"] for line in lines[5:-1]] == [
+        "npu_a",
+        "npu_a",
+        "npu_b",
+        "npu_c",
+    ]
+
+
+def test_generator_stops_on_a_repeat_with_a_different_schema(extractor):
+    pytest.importorskip(
+        "yaml", reason="PyYAML is in requirements/tests.txt; rerun `python3 dev.py test`"
+    )
+    torchgen_model()
+    conflicting = textwrap.dedent(
+        """\
+        custom:
+          - func: npu_a(Tensor self) -> Tensor
+        symint:
+          - func: npu_a(Tensor self, int n) -> Tensor
+        """
+    )
+    with pytest.raises(SystemExit, match=r"npu_a\. is declared twice"):
+        extractor.parse_entries(conflicting)
+
+
+# Lines pip prints when PyPI cannot be reached (as opposed to a real failure).
+_OFFLINE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution|"
+    r"Name or service not known|Network is unreachable|ConnectTimeout|Read timed out|"
+    r"ProxyError|Max retries exceeded|No route to host|Connection refused"
+)
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_regenerating_a_version_from_its_wheel_reproduces_the_committed_file(extractor):
+    """Download the smallest wheel (2.1.0.post17, ~27 MB; cached in the temp folder) and regenerate."""
+    pytest.importorskip(
+        "yaml", reason="PyYAML is in requirements/tests.txt; rerun `python3 dev.py test`"
+    )
+    torchgen_model()
+    version = "2.1.0.post17"
+    try:
+        text = extractor.generate(
+            version, extractor.default_cache(), ("--timeout", "30", "--retries", "2")
+        )
+    except extractor.DownloadError as error:
+        offline = _OFFLINE.search(error.output)
+        if offline:
+            pytest.skip(f"PyPI is unreachable (pip: {offline.group(0)}); {error}")
+        raise AssertionError(f"{error}\n{error.output}") from None
+    committed = (DATA / f"torch_npu-{version}.json").read_text(encoding="utf-8")
+    assert text == committed, (
+        f"regenerate with: .nox/tests/bin/python tools/extract_npu_schemas.py {version}"
+    )
