@@ -5,6 +5,18 @@ Not imported by ``import ascend_patch_core``; importing it does not import torch
 
 from __future__ import annotations
 
+from ._contract import CallRecorder
+from ._contract import Mismatch
+from ._contract import OpCall
+from ._contract import PluginCheck
+from ._contract import RecordedCall
+from ._contract import check_calls
+from ._contract import check_plugin
+from ._contract import check_plugins
+from ._contract import format_mismatches
+from ._contract import record_call
+from ._contract import scan_sources
+from ._contract import supported_versions
 from ._schemas import DEFAULT_VERSION
 from ._schemas import Argument
 from ._schemas import OpSchema
@@ -16,8 +28,20 @@ from ._schemas import parse_arguments
 __all__ = [
     "DEFAULT_VERSION",
     "Argument",
+    "CallRecorder",
+    "Mismatch",
+    "OpCall",
     "OpSchema",
+    "PluginCheck",
+    "RecordedCall",
     "available_versions",
+    "check_calls",
+    "check_plugin",
+    "check_plugins",
+    "format_mismatches",
     "load_schemas",
     "parse_arguments",
+    "record_call",
+    "scan_sources",
+    "supported_versions",
 ]
