@@ -1,0 +1,327 @@
+"""The start hook: patch a process at start-up when ``ascend-patch run`` asked for it.
+
+``ascend-patch run`` writes its options, as JSON, into the environment variable
+``ASCEND_PATCH_RUN``; every process started below it inherits the variable. The core
+distribution installs ``ascend_patch_core_start.pth`` into site-packages, whose one
+line imports this module only when the variable is set: an unrelated interpreter
+pays one dictionary lookup and imports nothing.
+
+The hook does not patch while ``site`` is still reading ``.pth`` files. They are
+read in name order, so path entries added by later ones (a plugin installed in
+develop mode by some tools) would still be missing from plugin discovery. Instead it
+puts a finder on ``sys.meta_path`` that waits for ``site`` to import
+``sitecustomize`` -- the last step of start-up, after every ``.pth`` file -- applies
+the patches, removes itself and declines, so a user's own ``sitecustomize`` is found
+and run as usual. ``python -S`` (no ``site``) runs no start hook at all.
+
+``ASCEND_PATCH_RUN=1`` (or ``true``/``on``) starts with default options; launchers that
+cannot be wrapped by ``ascend-patch run`` can export it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+from typing import NamedTuple
+
+
+__all__ = [
+    "ENV_VAR",
+    "PTH_NAME",
+    "RUN_REPORT_SCHEMA",
+    "RunOptions",
+    "StartError",
+    "set_exit_status",
+    "start",
+    "start_from_pth",
+    "started_options",
+]
+
+#: The variable ``ascend-patch run`` sets; its value is :meth:`RunOptions.to_env`.
+ENV_VAR = "ASCEND_PATCH_RUN"
+#: The file the core distribution installs into site-packages.
+PTH_NAME = "ascend_patch_core_start.pth"
+#: Schema of the file ``ascend-patch run --report PATH`` writes (docs/cli.md).
+RUN_REPORT_SCHEMA = "ascend-patch-run/1"
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+
+class StartError(Exception):
+    """The options cannot be honoured (say, the emulator is missing). The message says why."""
+
+
+class RunOptions(NamedTuple):
+    """What ``ascend-patch run`` asks of every process it starts."""
+
+    #: Plugin, group or patch names to disable (``Patcher.disable``).
+    disable: tuple[str, ...] = ()
+    #: Allow-list of plugins (``ASCEND_PATCH_PLUGINS``); None = all.
+    plugins: tuple[str, ...] | None = None
+    strict: bool = False
+    emulate_npu: bool = False
+    #: torch_npu version the emulator imitates; None = its default.
+    npu_version: str | None = None
+    profile: str | None = None
+    brake_at: int | None = None
+    #: Where the main process writes the run report.
+    report: str | None = None
+    #: Directory where the other processes leave their reports for the main one.
+    report_parts: str | None = None
+    #: The process that writes ``report`` (the one ``ascend-patch run`` runs in).
+    main_pid: int | None = None
+
+    def to_env(self) -> str:
+        return json.dumps(
+            {
+                key: list(value) if isinstance(value, tuple) else value
+                for key, value in self._asdict().items()
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_env(cls, value: str) -> RunOptions | None:
+        """Parse the variable's value; None when it says "off". Raises ValueError if malformed."""
+        text = value.strip()
+        if text.lower() in _OFF:
+            return None
+        if text.lower() in _ON:
+            return cls()
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"expected 1 or a JSON object, got {text[:80]!r} ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        fields: dict[str, Any] = {}
+        # Unknown keys are ignored: a newer `ascend-patch run` may start an older child.
+        for key in cls._fields:
+            if key in data and data[key] is not None:
+                fields[key] = _checked(key, data[key])
+        return cls(**fields)
+
+    def same_patching(self, other: RunOptions) -> bool:
+        """Whether both patch a process the same way (report destinations aside)."""
+        keys = ("disable", "plugins", "strict", "emulate_npu", "npu_version", "profile", "brake_at")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+def _checked(key: str, value: Any) -> Any:
+    expected: dict[str, type | tuple[type, ...]] = {
+        "disable": list,
+        "plugins": list,
+        "strict": bool,
+        "emulate_npu": bool,
+        "npu_version": str,
+        "profile": str,
+        "brake_at": int,
+        "report": str,
+        "report_parts": str,
+        "main_pid": int,
+    }
+    kind = expected[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{key!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    if isinstance(value, list):
+        if not all(isinstance(item, str) for item in value):
+            raise ValueError(f"{key!r} must be a list of strings, got {value!r}")
+        return tuple(value)
+    return value
+
+
+# ---------------------------------------------------------------------------- state
+
+_started: RunOptions | None = None
+_role: str | None = None
+_exit_status: int | None = None
+_finder_installed = False
+
+
+def started_options() -> RunOptions | None:
+    """The options this process was patched with, or None if :func:`start` has not run."""
+    return _started
+
+
+def set_exit_status(status: int) -> None:
+    """Record the program's exit status for the run report."""
+    global _exit_status
+    _exit_status = status
+
+
+def start(options: RunOptions, *, role: str) -> Any:
+    """Patch this process as ``options`` say; return the live report.
+
+    ``role`` is ``"main"`` in the process ``ascend-patch run`` runs the program in and
+    ``"child"`` in processes started through the start hook. Raises :class:`StartError`
+    when the options cannot be honoured and, in strict mode, what ``apply()`` raises.
+    """
+    global _started, _role
+    if _started is not None:
+        import ascend_patch_core
+
+        return ascend_patch_core.default_patcher.report
+    if options.emulate_npu:
+        _activate_emulator(options.npu_version)
+    import ascend_patch_core
+
+    patcher = ascend_patch_core.default_patcher
+    patcher.select_plugins(
+        plugins=list(options.plugins) if options.plugins is not None else None,
+        strict=True if options.strict else None,
+    )
+    if options.disable:
+        patcher.disable(*options.disable)
+    if options.profile is not None:
+        patcher.with_profiling(options.profile)
+    if options.brake_at is not None:
+        patcher.brake_at(options.brake_at)
+    _started, _role = options, role
+    if options.report is not None:
+        import atexit
+
+        # Registered before the program runs, so it runs after the program's own handlers.
+        atexit.register(_write_report)
+    return patcher.apply()
+
+
+def _activate_emulator(version: str | None) -> None:
+    from . import emulator
+
+    activate = getattr(emulator, "activate", None)
+    if activate is None:
+        raise StartError(
+            "--emulate-npu needs the NPU emulator's activate() (ascend_patch_core.emulator.activate), "
+            "which this version of ascend-patch-core does not ship yet; run without --emulate-npu"
+        )
+    activate(version=version)
+
+
+# ---------------------------------------------------------------------------- the .pth hook
+
+
+class _StartAfterSite:
+    """A meta-path finder that starts the patches when ``site`` imports ``sitecustomize``."""
+
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname != "sitecustomize":
+            return None
+        # If someone else removed it already, start anyway: this runs once.
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        _start_child(self.options)
+        return None  # the real sitecustomize, if any, is found by the next finder
+
+
+def start_from_pth() -> None:
+    """Called by ``ascend_patch_core_start.pth`` when ``ASCEND_PATCH_RUN`` is set."""
+    global _finder_installed
+    if _finder_installed or _started is not None:
+        return  # site reads a site-packages directory twice when lib64 links to lib
+    try:
+        options = RunOptions.from_env(os.environ.get(ENV_VAR, ""))
+    except ValueError as exc:
+        print(f"ascend-patch: {ENV_VAR} is ignored: {exc}", file=sys.stderr)
+        return
+    if options is None:
+        return
+    _finder_installed = True
+    site = sys.modules.get("site")
+    if getattr(getattr(site, "__spec__", None), "_initializing", False):
+        sys.meta_path.insert(0, _StartAfterSite(options))
+    else:  # a .pth read later by site.addsitedir(): start-up is over
+        _start_child(options)
+
+
+def _start_child(options: RunOptions) -> None:
+    try:
+        start(options, role="child")
+    except Exception as exc:
+        message = f"ascend-patch (start hook, pid {os.getpid()}): {type(exc).__name__}: {exc}"
+        print(message, file=sys.stderr, flush=True)
+        if options.strict:
+            # Raising here would surface as "Fatal Python error: init_import_site";
+            # strict mode means the process must not run unpatched.
+            os._exit(1)
+
+
+# ---------------------------------------------------------------------------- run report
+
+
+def _process_entry() -> dict[str, Any]:
+    import ascend_patch_core
+
+    entry: dict[str, Any] = {
+        "pid": os.getpid(),
+        "role": _role,
+        "argv": list(sys.argv),
+    }
+    ranks = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k in os.environ}
+    if ranks:
+        entry["distributed"] = ranks
+    entry["report"] = ascend_patch_core.default_patcher.report.to_dict()
+    return entry
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def _write_report() -> None:
+    options = _started
+    if options is None or options.report is None:
+        return
+    try:
+        is_main = _role == "main" and options.main_pid == os.getpid()
+        if not is_main:  # a child, or a forked copy of the main process
+            if options.report_parts:
+                entry = _process_entry()
+                entry["role"] = "child"
+                _write_json(os.path.join(options.report_parts, f"{os.getpid()}.json"), entry)
+            return
+        children = _collect_parts(options.report_parts)
+        data = {
+            "schema": RUN_REPORT_SCHEMA,
+            "exit_status": _exit_status,
+            "options": {
+                k: v
+                for k, v in json.loads(options.to_env()).items()
+                if k not in ("report_parts", "main_pid")
+            },
+            "processes": [_process_entry(), *children],
+        }
+        _write_json(options.report, data)
+    except Exception as exc:  # at exit there is nobody left to raise to
+        print(f"ascend-patch: could not write the run report: {exc!r}", file=sys.stderr)
+
+
+def _collect_parts(directory: str | None) -> list[dict[str, Any]]:
+    if not directory or not os.path.isdir(directory):
+        return []
+    import shutil
+
+    parts: list[dict[str, Any]] = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as fh:
+                parts.append(json.load(fh))
+        except (OSError, ValueError):
+            continue  # a child killed while writing
+    shutil.rmtree(directory, ignore_errors=True)
+    parts.sort(key=lambda p: int(p.get("pid", 0)))
+    return parts
