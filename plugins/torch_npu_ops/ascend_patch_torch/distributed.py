@@ -1,0 +1,158 @@
+"""torch.distributed on the NPU: ``nccl`` -> ``hccl``, CUDA device ids -> NPU.
+
+Only a backend *name* is rewritten -- ``"nccl"``, or the ``nccl`` / ``cuda`` parts of a
+per-device spec such as ``"cpu:gloo,cuda:nccl"`` -- never an arbitrary string
+containing them (``transfer_to_npu`` rewrote ``nccl`` inside any positional string,
+init_method URLs and file paths included).
+
+Under the NPU emulator the hccl backend runs on gloo, so these patches are tested on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import Patch
+
+from ._calls import Param
+from ._calls import always
+from ._calls import cuda_check
+from ._calls import rewrite_call
+from .devices import NPU
+from .redirect import redirect_patch
+from .runtime import npu_runtime_importable
+
+
+__all__ = ["HCCL", "Distributed", "to_hccl_backend"]
+
+HCCL = "hccl"
+
+
+def _backend_parts(backend: str) -> list[tuple[str | None, str]]:
+    parts: list[tuple[str | None, str]] = []
+    for item in backend.split(","):
+        dev, sep, name = item.strip().partition(":")
+        parts.append((dev.strip(), name.strip()) if sep else (None, dev.strip()))
+    return parts
+
+
+def names_nccl(backend: object) -> bool:
+    """Whether a backend spec uses NCCL or names the CUDA device."""
+    if type(backend) is not str:
+        return False
+    return any(
+        name.lower() == "nccl" or (dev is not None and dev.lower() == "cuda")
+        for dev, name in _backend_parts(backend)
+    )
+
+
+def to_hccl_backend(backend: Any) -> Any:
+    """``"nccl"`` -> ``"hccl"``; ``"cpu:gloo,cuda:nccl"`` -> ``"cpu:gloo,npu:hccl"``; else unchanged."""
+    if not names_nccl(backend):
+        return backend
+    items = []
+    for dev, name in _backend_parts(backend):
+        name = HCCL if name.lower() == "nccl" else name
+        if dev is None:
+            items.append(name)
+        else:
+            items.append(f"{NPU if dev.lower() == 'cuda' else dev}:{name}")
+    return ",".join(items)
+
+
+def _backend_rewriter(
+    backend: Param, devices: tuple[Param, ...]
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def on_hccl(*args: Any, **kwargs: Any) -> Any:
+            assert backend.position is not None and backend.keyword is not None
+            if backend.position < len(args):
+                value = args[backend.position]
+                if names_nccl(value):
+                    args = (
+                        *args[: backend.position],
+                        to_hccl_backend(value),
+                        *args[backend.position + 1 :],
+                    )
+            elif names_nccl(kwargs.get(backend.keyword)):
+                kwargs = {**kwargs, backend.keyword: to_hccl_backend(kwargs[backend.keyword])}
+            args, kwargs = rewrite_call(devices, args, kwargs)
+            return original(*args, **kwargs)
+
+        return on_hccl
+
+    return wrap
+
+
+def _backend_check(backend: Param, devices: tuple[Param, ...]) -> Callable[..., bool]:
+    names_cuda = cuda_check(devices)
+
+    def names_nccl_or_cuda(*args: Any, **kwargs: Any) -> bool:
+        assert backend.position is not None and backend.keyword is not None
+        value = (
+            args[backend.position] if backend.position < len(args) else kwargs.get(backend.keyword)
+        )
+        return names_nccl(value) or names_cuda(*args, **kwargs)
+
+    return names_nccl_or_cuda
+
+
+def _backend_patch(name: str, backend: Param, devices: tuple[Param, ...]) -> AtomicPatch:
+    return AtomicPatch(
+        f"torch.distributed.distributed_c10d.{name}",
+        aliases=(f"torch.distributed.{name}",),
+        target_wrapper=_backend_rewriter(backend, devices),
+        runtime_check=_backend_check(backend, devices),
+        precheck=npu_runtime_importable,
+    )
+
+
+def is_hccl_available() -> bool:
+    """``is_nccl_available`` on the NPU: whether the hccl backend can be used."""
+    dist = sys.modules["torch.distributed"]
+    probe = getattr(dist, "is_hccl_available", None)
+    if probe is not None:
+        return bool(probe())
+    return bool(dist.is_backend_available(HCCL))
+
+
+def _is_hccl_available(original: Callable[..., Any]) -> Callable[..., Any]:
+    return is_hccl_available
+
+
+class Distributed(Patch):
+    """``init_process_group("nccl")`` -> hccl; DDP / FSDP / DeviceMesh CUDA devices -> NPU."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        yield _backend_patch("init_process_group", Param(0, "backend"), (Param(None, "device_id"),))
+        yield _backend_patch("new_group", Param(2, "backend"), (Param(None, "device_id"),))
+        yield AtomicPatch(
+            "torch.distributed.distributed_c10d.is_nccl_available",
+            target_wrapper=_is_hccl_available,
+            runtime_check=always,
+            precheck=npu_runtime_importable,
+            aliases=("torch.distributed.is_nccl_available",),
+        )
+        yield redirect_patch(
+            "torch.nn.parallel.distributed.DistributedDataParallel.__init__",
+            (Param(2, "device_ids", many=True), Param(3, "output_device")),
+        )
+        yield redirect_patch(
+            "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel.__init__",
+            (Param(10, "device_id"),),
+        )
+        yield redirect_patch(
+            "torch.distributed.device_mesh.init_device_mesh",
+            (Param(0, "device_type"),),
+            aliases=("torch.distributed.init_device_mesh",),
+        )
+        yield redirect_patch(
+            "torch.distributed.device_mesh.DeviceMesh.__init__", (Param(1, "device_type"),)
+        )

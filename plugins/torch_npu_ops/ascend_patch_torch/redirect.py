@@ -1,0 +1,368 @@
+"""CUDA device arguments redirected to the NPU, as declared, counted, reversible patches.
+
+Each group below lists the torch callables that take a device, and where the device
+sits in their arguments (:class:`~ascend_patch_torch._calls.Param`). A call naming a
+CUDA device (``ascend_patch_torch.devices`` decides what does) runs the original with
+the NPU equivalent and counts as a *replacement* call in the report; any other call
+runs the original untouched and counts as a *fallback*.
+
+What is deliberately different from torch_npu's ``transfer_to_npu``:
+
+* only real device specifications are rewritten -- never a file path or a backend
+  string that merely contains ``"cuda"``;
+* ``torch.jit.script`` is left alone;
+* no dtype changes (``torch.cuda.DoubleTensor`` stays double);
+* ``torch.device("cuda")`` still builds a CUDA device object: every consumer listed
+  here maps it, but a comparison such as ``tensor.device == torch.device("cuda:0")``
+  in user code stays False on the NPU (replacing ``torch.device`` itself would break
+  pickling and TorchScript's type checks).
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Any
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import Patch
+
+from ._calls import Param
+from ._calls import always
+from ._calls import cuda_check
+from ._calls import cuda_rewriter
+from ._calls import device
+from .devices import NPU
+from .devices import is_cuda_spec
+from .devices import to_npu_spec
+from .runtime import npu_runtime_importable
+
+
+__all__ = [
+    "Autocast",
+    "DeviceContext",
+    "FactoryDevices",
+    "GeneratorAndEvent",
+    "ModuleDevices",
+    "Serialization",
+    "TensorDevices",
+    "redirect_patch",
+]
+
+
+def redirect_patch(
+    target: str,
+    params: Sequence[Param],
+    *,
+    aliases: Sequence[str] = (),
+    name: str | None = None,
+) -> AtomicPatch:
+    """A patch running ``target`` with the CUDA devices named by ``params`` moved to the NPU."""
+    params = tuple(params)
+    return AtomicPatch(
+        target,
+        target_wrapper=cuda_rewriter(params),
+        runtime_check=cuda_check(params),
+        precheck=npu_runtime_importable,
+        aliases=tuple(aliases),
+        name=name,
+    )
+
+
+# --------------------------------------------------------------------------- factories
+
+# Factories whose device is keyword-only. torch reads an int there as a device index.
+_KEYWORD_FACTORIES = (
+    "arange",
+    "asarray",
+    "bartlett_window",
+    "blackman_window",
+    "empty",
+    "empty_like",
+    "empty_permuted",
+    "empty_quantized",
+    "empty_strided",
+    "eye",
+    "from_file",
+    "frombuffer",
+    "full",
+    "full_like",
+    "hamming_window",
+    "hann_window",
+    "kaiser_window",
+    "linspace",
+    "logspace",
+    "normal",
+    "ones",
+    "ones_like",
+    "rand",
+    "rand_like",
+    "randint",
+    "randint_like",
+    "randn",
+    "randn_like",
+    "randperm",
+    "range",
+    "scalar_tensor",
+    "sparse_bsc_tensor",
+    "sparse_bsr_tensor",
+    "sparse_compressed_tensor",
+    "sparse_coo_tensor",
+    "sparse_csc_tensor",
+    "sparse_csr_tensor",
+    "tensor",
+    "tril_indices",
+    "triu_indices",
+    "zeros",
+    "zeros_like",
+    "_empty_affine_quantized",
+    "_empty_per_channel_affine_quantized",
+)
+_DEVICE_KW = (device(ints=True),)
+
+
+class FactoryDevices(Patch):
+    """``torch.zeros(..., device="cuda")`` and the other factories -> NPU."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        for name in _KEYWORD_FACTORIES:
+            yield redirect_patch(f"torch.{name}", _DEVICE_KW)
+        # as_tensor(data, dtype=None, device=None): the device may be positional.
+        yield redirect_patch("torch.as_tensor", (device(2, ints=True),))
+        yield redirect_patch("torch._pin_memory", (device(1),))
+        yield redirect_patch("torch.set_default_device", (device(0, ints=True),))
+        yield redirect_patch("torch.get_device_module", (device(0),))
+        for name in ("fftfreq", "rfftfreq"):
+            yield redirect_patch(f"torch.fft.{name}", _DEVICE_KW)
+
+
+# --------------------------------------------------------------------------- torch.load
+
+
+def _restore_cuda_on_npu(storage: Any, location: str) -> Any:
+    """``map_location`` for checkpoints written on CUDA: their storages land on the NPU."""
+    torch = sys.modules["torch"]
+    moved = to_npu_spec(location)
+    return torch.serialization.default_restore_location(storage, moved)
+
+
+def _load_check(*args: Any, **kwargs: Any) -> bool:
+    location = args[1] if len(args) > 1 else kwargs.get("map_location")
+    return location is None or is_cuda_spec(location)
+
+
+def _load_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(original)
+    def load_on_npu(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 1:
+            location = args[1]
+            new = _restore_cuda_on_npu if location is None else to_npu_spec(location)
+            args = (args[0], new, *args[2:])
+        else:
+            location = kwargs.get("map_location")
+            new = _restore_cuda_on_npu if location is None else to_npu_spec(location)
+            kwargs = {**kwargs, "map_location": new}
+        return original(*args, **kwargs)
+
+    return load_on_npu
+
+
+class Serialization(Patch):
+    """``torch.load``: ``map_location="cuda"`` -> NPU; without one, CUDA storages load onto the NPU."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        yield AtomicPatch(
+            "torch.serialization.load",
+            target_wrapper=_load_rewriter,
+            runtime_check=_load_check,
+            precheck=npu_runtime_importable,
+            aliases=("torch.load",),
+        )
+
+
+# --------------------------------------------------------------------------- Tensor, Module
+
+
+def _npu_target(spec: Any) -> Any:
+    """The device ``.cuda(spec)`` means, on the NPU."""
+    if spec is None:
+        return NPU
+    if type(spec) is int:
+        return f"{NPU}:{spec}"
+    return to_npu_spec(spec)
+
+
+def tensor_cuda(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+    """``Tensor.cuda`` on the NPU: the same as ``Tensor.to(npu device)``."""
+    return self.to(_npu_target(device), non_blocking=non_blocking, **kwargs)
+
+
+def module_cuda(self: Any, device: Any = None) -> Any:
+    """``Module.cuda`` on the NPU: the same as ``Module.to(npu device)``."""
+    return self.to(_npu_target(device))
+
+
+def _tensor_is_npu(self: Any) -> bool:
+    return bool(self.is_npu)
+
+
+_TO = (device(1, ints=True),)
+
+
+class TensorDevices(Patch):
+    """``Tensor.cuda()``, ``.to("cuda")``, ``is_cuda``, ``new_*``, ``pin_memory`` -> NPU."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        yield AtomicPatch(
+            "torch.Tensor.cuda",
+            tensor_cuda,
+            runtime_check=always,
+            precheck=npu_runtime_importable,
+        )
+        yield AtomicPatch(
+            "torch.Tensor.is_cuda",
+            property(_tensor_is_npu, doc="True for a tensor on the NPU (ascend-patch)."),
+            precheck=npu_runtime_importable,
+        )
+        yield redirect_patch("torch.Tensor.to", _TO)
+        for name in (
+            "new_empty",
+            "new_empty_strided",
+            "new_full",
+            "new_ones",
+            "new_tensor",
+            "new_zeros",
+        ):
+            yield redirect_patch(f"torch.Tensor.{name}", _DEVICE_KW)
+        yield redirect_patch("torch.Tensor.pin_memory", (device(1),))
+
+
+class ModuleDevices(Patch):
+    """``Module.cuda()``, ``.to("cuda")``, ``.to_empty(device="cuda")`` -> NPU."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        yield AtomicPatch(
+            "torch.nn.modules.module.Module.cuda",
+            module_cuda,
+            runtime_check=always,
+            precheck=npu_runtime_importable,
+        )
+        yield redirect_patch("torch.nn.modules.module.Module.to", _TO)
+        yield redirect_patch("torch.nn.modules.module.Module.to_empty", _DEVICE_KW)
+
+
+# --------------------------------------------------------------------------- context, generator
+
+
+class DeviceContext(Patch):
+    """``with torch.device("cuda"):`` (and ``set_default_device``) -> NPU."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        yield redirect_patch("torch.utils._device.DeviceContext.__init__", (device(1, ints=True),))
+
+
+class GeneratorAndEvent(Patch):
+    """``torch.Generator("cuda")`` and ``torch.Event("cuda")`` -> NPU; ``isinstance`` keeps working."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        for name in ("Generator", "Event"):
+            yield AtomicPatch(
+                f"torch.{name}",
+                f"ascend_patch_torch._proxies:{name}",
+                precheck=npu_runtime_importable,
+            )
+
+
+# --------------------------------------------------------------------------- autocast
+
+
+def _set_autocast_enabled_check(*args: Any, **kwargs: Any) -> bool:
+    if len(args) + len(kwargs) == 1 and "device_type" not in kwargs:
+        return True  # the legacy one-argument form meant CUDA
+    device_type = args[0] if args else kwargs.get("device_type")
+    return is_cuda_spec(device_type)
+
+
+def _set_autocast_enabled_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(original)
+    def set_autocast_enabled_on_npu(*args: Any, **kwargs: Any) -> Any:
+        if len(args) + len(kwargs) == 1 and "device_type" not in kwargs:
+            enabled = args[0] if args else kwargs["enabled"]
+            return original(NPU, enabled)
+        if args:
+            args = (to_npu_spec(args[0]), *args[1:])
+        else:
+            kwargs = {**kwargs, "device_type": to_npu_spec(kwargs.get("device_type"))}
+        return original(*args, **kwargs)
+
+    return set_autocast_enabled_on_npu
+
+
+def _gpu_dtype_getter(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_autocast_gpu_dtype() -> Any:
+        return sys.modules["torch"].get_autocast_dtype(NPU)
+
+    return get_autocast_gpu_dtype
+
+
+def _gpu_dtype_setter(original: Callable[..., Any]) -> Callable[..., Any]:
+    def set_autocast_gpu_dtype(dtype: Any) -> Any:
+        return sys.modules["torch"].set_autocast_dtype(NPU, dtype)
+
+    return set_autocast_gpu_dtype
+
+
+class Autocast(Patch):
+    """``torch.autocast("cuda")``, ``torch.cuda.amp.*``, ``torch.amp.*(device_type="cuda")`` -> NPU."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        # torch.autocast and torch.cuda.amp.autocast (a subclass) share this __init__.
+        yield redirect_patch(
+            "torch.amp.autocast_mode.autocast.__init__", (Param(1, "device_type"),)
+        )
+        # GradScaler's device defaults to "cuda"; torch.cuda.amp.GradScaler passes "cuda".
+        yield redirect_patch(
+            "torch.amp.grad_scaler.GradScaler.__init__", (device(1, absent_is_cuda=True),)
+        )
+        for name in ("custom_fwd", "custom_bwd"):
+            yield redirect_patch(
+                f"torch.amp.autocast_mode.{name}",
+                (Param(None, "device_type"),),
+                aliases=(f"torch.amp.{name}",),
+            )
+        yield redirect_patch(
+            "torch.is_autocast_enabled", (Param(0, "device_type", absent_is_cuda=True),)
+        )
+        yield redirect_patch("torch.get_autocast_dtype", (Param(0, "device_type"),))
+        yield redirect_patch("torch.set_autocast_dtype", (Param(0, "device_type"),))
+        yield AtomicPatch(
+            "torch.set_autocast_enabled",
+            target_wrapper=_set_autocast_enabled_rewriter,
+            runtime_check=_set_autocast_enabled_check,
+            precheck=npu_runtime_importable,
+        )
+        for target, wrapper in (
+            ("torch.get_autocast_gpu_dtype", _gpu_dtype_getter),
+            ("torch.set_autocast_gpu_dtype", _gpu_dtype_setter),
+        ):
+            yield AtomicPatch(
+                target,
+                target_wrapper=wrapper,
+                runtime_check=always,
+                precheck=npu_runtime_importable,
+            )

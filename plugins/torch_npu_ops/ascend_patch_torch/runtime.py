@@ -1,0 +1,48 @@
+"""Is there an NPU runtime (torch_npu, or the emulator's stand-in) to redirect to?
+
+Every redirect patch checks :func:`npu_runtime_importable` right before it is
+installed: on a machine without torch_npu the plugin leaves CUDA code alone, so
+installing it next to a CUDA build changes nothing. :class:`NpuRuntime` imports
+torch_npu right after torch, as ``transfer_to_npu`` users do by hand, so that
+``torch.npu`` and the ``"npu"`` device exist before the program asks for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import ModuleHook
+from ascend_patch_core import Patch
+
+
+__all__ = ["NpuRuntime", "import_npu_runtime", "npu_runtime_importable"]
+
+
+def npu_runtime_importable() -> bool:
+    """Whether ``import torch_npu`` can work here (no import is done)."""
+    if "torch_npu" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("torch_npu") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def import_npu_runtime(module: Any) -> list[AtomicPatch]:
+    """ModuleHook callback for ``torch``: import torch_npu if it is there."""
+    if "torch_npu" not in sys.modules and npu_runtime_importable():
+        importlib.import_module("torch_npu")
+    return []
+
+
+class NpuRuntime(Patch):
+    """Import torch_npu as soon as torch is imported (the redirect needs ``torch.npu``)."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
+        yield ModuleHook("torch", import_npu_runtime, name="import torch_npu after torch")
