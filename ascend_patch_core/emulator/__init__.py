@@ -5,6 +5,12 @@ Not imported by ``import ascend_patch_core``; importing it does not import torch
 
 from __future__ import annotations
 
+from ._activate import EmulatorHandle
+from ._activate import EmulatorWarning
+from ._activate import activate
+from ._activate import active_version
+from ._activate import deactivate
+from ._activate import is_active
 from ._contract import CallRecorder
 from ._contract import Mismatch
 from ._contract import OpCall
@@ -17,6 +23,9 @@ from ._contract import format_mismatches
 from ._contract import record_call
 from ._contract import scan_sources
 from ._contract import supported_versions
+from ._errors import EmulatorInactiveError
+from ._errors import EmulatorVersionError
+from ._errors import KernelNotImplementedError
 from ._schemas import DEFAULT_VERSION
 from ._schemas import Argument
 from ._schemas import OpSchema
@@ -29,16 +38,25 @@ __all__ = [
     "DEFAULT_VERSION",
     "Argument",
     "CallRecorder",
+    "EmulatorHandle",
+    "EmulatorInactiveError",
+    "EmulatorVersionError",
+    "EmulatorWarning",
+    "KernelNotImplementedError",
     "Mismatch",
     "OpCall",
     "OpSchema",
     "PluginCheck",
     "RecordedCall",
+    "activate",
+    "active_version",
     "available_versions",
     "check_calls",
     "check_plugin",
     "check_plugins",
+    "deactivate",
     "format_mismatches",
+    "is_active",
     "load_schemas",
     "parse_arguments",
     "record_call",

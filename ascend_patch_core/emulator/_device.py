@@ -1,0 +1,300 @@
+"""The ``npu`` device on CPU: torch's PrivateUse1 backend, named ``npu``, allocating CPU tensors.
+
+How ``torch.zeros(2, device="npu:1")`` and ``t.to("npu")`` work here: the PrivateUse1
+backend is renamed ``npu`` (what torch_npu itself does at import), a Python device
+guard and hooks object are registered, and the backend's two allocation kernels
+(``aten::empty.memory_format`` and ``aten::empty_strided``) return CPU tensors.
+Every factory function and every copy to the device allocates through those two,
+so they all produce CPU tensors, in every thread, with no per-op Python overhead
+for ordinary CPU work. The price: tensors report ``device(type='cpu')``;
+``Tensor.is_npu`` (added here) is True for them while the emulator is active.
+
+Why not a ``TorchFunctionMode`` that rewrites device arguments: modes are
+thread-local (DataLoader threads, autograd engine threads would not see it) and
+put Python on the path of every torch call. Why not a tensor subclass reporting
+``device='npu'``: every op would go through ``__torch_dispatch__``, and custom op
+kernels, autograd and serialization all see the subclass.
+
+What cannot be undone in a process (torch offers no API for it) and stays after
+:func:`deactivate`: the PrivateUse1 name ``npu`` (so ``torch.device("npu")`` still
+parses), the registered guard and hooks (they report no device once inactive), and
+an inactive ``torch.npu`` module whose ``is_available()`` is False. The last is
+deliberate: once PrivateUse1 has a name, torch's accelerator queries (which
+``torch.optim`` and ``DataLoader`` make) look up ``torch.npu`` and would raise
+without it.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _runtime
+
+
+__all__ = ["inactive_module", "install"]
+
+_BACKEND = "npu"
+#: Python objects torch keeps raw pointers to: they must live as long as the process.
+_registered: list[Any] = []
+
+Undo = Callable[[], None]
+
+
+def _register_backend_once() -> None:
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", _BACKEND):
+        raise RuntimeError(
+            f"cannot emulate the NPU: torch's PrivateUse1 backend is already named {name!r} "
+            f"in this process (another device extension is loaded)"
+        )
+    if name != _BACKEND:
+        torch.utils.rename_privateuse1_backend(_BACKEND)
+    if _registered:
+        return
+
+    class Hooks(torch._C._acc.PrivateUse1Hooks):  # type: ignore[misc]
+        def is_available(self) -> bool:
+            return _runtime.state.active
+
+        def has_primary_context(self, dev_id: int) -> bool:
+            return _runtime.state.active
+
+        def is_built(self) -> bool:
+            return True
+
+    class Guard(torch._C._acc.DeviceGuard):  # type: ignore[misc]
+        def type_(self) -> Any:
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    hooks, guard = Hooks(), Guard()
+    torch._C._acc.register_python_privateuseone_hook(hooks)
+    torch._C._acc.register_python_privateuseone_device_guard(guard)
+    _registered.extend([hooks, guard])
+
+
+def _empty(
+    size: Any,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    memory_format: Any = None,
+) -> Any:
+    return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
+
+
+def _empty_strided(
+    size: Any,
+    stride: Any,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> Any:
+    return torch.empty_strided(size, stride, dtype=dtype, layout=layout)
+
+
+def _pin_memory(self: Any, device: Any = None) -> Any:
+    # Pinned host memory has no meaning when the "device" is the host: a copy keeps
+    # pin_memory()'s contract (a new tensor, same values) for DataLoader(pin_memory=True).
+    return self.clone()
+
+
+def _is_pinned(self: Any, device: Any = None) -> bool:
+    return False
+
+
+def _device_index(device: Any) -> Any:
+    if device is None:
+        return torch.device(_BACKEND, _runtime.state.current)
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device(_BACKEND, device)
+    return torch.device(device)
+
+
+def _tensor_npu(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+    """``Tensor.npu()``: a copy on the emulated device (a CPU tensor)."""
+    return self.to(device=_device_index(device), non_blocking=non_blocking, **kwargs)
+
+
+def _tensor_is_npu(self: Any) -> bool:
+    """Emulated NPU tensors are CPU tensors, so every CPU tensor counts."""
+    return bool(self.device.type in ("cpu", _BACKEND))
+
+
+def _module_npu(self: Any, device: Any = None) -> Any:
+    """``Module.npu()``: parameters and buffers onto the emulated device."""
+    return self._apply(lambda t: _tensor_npu(t, device))
+
+
+def _storage_npu(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
+    """``Storage.npu()``: storages stay in host memory."""
+    return self
+
+
+def _storage_is_npu(self: Any) -> bool:
+    return bool(self.device.type in ("cpu", _BACKEND))
+
+
+def _is_npu_device(device: Any) -> bool:
+    if isinstance(device, str):
+        return device.partition(":")[0] == _BACKEND
+    return getattr(device, "type", None) == _BACKEND
+
+
+def _patch_storages() -> Undo:
+    """Storage allocation on ``npu`` goes to host memory.
+
+    Storages allocate through the device's C++ allocator, not the dispatcher, and
+    PrivateUse1 has none: ``UntypedStorage(n, device="npu")`` and ``storage.to("npu")``
+    (which ``torch.load(map_location="npu")`` calls) would crash the interpreter.
+    """
+    storage = torch.UntypedStorage
+    original_to = storage.to
+    base_new = storage.__new__
+
+    def to(self: Any, *, device: Any, non_blocking: bool = False) -> Any:
+        if _is_npu_device(device):
+            return self if self.device.type == "cpu" else original_to(self, device="cpu")
+        return original_to(self, device=device, non_blocking=non_blocking)
+
+    def __new__(cls: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        if device is not None and _is_npu_device(device):
+            device = "cpu"
+        if device is None:
+            return base_new(cls, *args, **kwargs)
+        return base_new(cls, *args, device=device, **kwargs)
+
+    return _set_attributes(storage, {"to": to, "__new__": __new__})
+
+
+def _set_attributes(owner: Any, values: dict[str, Any]) -> Undo:
+    """Set attributes on a class; the undo restores or deletes each one exactly."""
+    missing = object()
+    previous = {name: owner.__dict__.get(name, missing) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+
+    def undo() -> None:
+        for name, value in previous.items():
+            if value is missing:
+                if name in owner.__dict__:
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+    return undo
+
+
+def _patch_autocast() -> Undo:
+    """``torch.autocast("npu")`` becomes CPU autocast, where emulated tensors are."""
+    autocast = torch.amp.autocast_mode.autocast
+    original = autocast.__dict__["__init__"]
+
+    def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        if device_type == _BACKEND:
+            device_type = "cpu"
+        original(self, device_type, *args, **kwargs)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    autocast.__init__ = __init__
+
+    def undo() -> None:
+        autocast.__init__ = original
+
+    return undo
+
+
+def inactive_module() -> types.ModuleType:
+    """What ``torch.npu`` is once the emulator is deactivated: a device module with no device."""
+    module = types.ModuleType(
+        "torch.npu", "Placeholder left by ascend-patch's NPU emulator after deactivate()."
+    )
+
+    def no_device(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    def zero(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    module.is_available = no_device  # type: ignore[attr-defined]
+    module.is_initialized = no_device  # type: ignore[attr-defined]
+    module._is_in_bad_fork = no_device  # type: ignore[attr-defined]
+    module.device_count = zero  # type: ignore[attr-defined]
+    module.current_device = zero  # type: ignore[attr-defined]
+
+    def missing(name: str) -> Any:
+        raise AttributeError(
+            f"torch.npu.{name}: the NPU emulator is not active "
+            f"(ascend_patch_core.emulator.activate() turns it on)"
+        )
+
+    module.__getattr__ = missing  # type: ignore[method-assign]
+    return module
+
+
+_inactive: types.ModuleType | None = None
+
+
+def install(npu_module: types.ModuleType) -> Undo:
+    """Make the ``npu`` device work and ``torch.npu`` be ``npu_module``; returns the undo."""
+    global _inactive
+    _register_backend_once()
+    undos: list[Undo] = []
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("empty.memory_format", _empty, "PrivateUse1")
+    library.impl("empty_strided", _empty_strided, "PrivateUse1")
+    library.impl("_pin_memory", _pin_memory, "CPU")
+    library.impl("is_pinned", _is_pinned, "CPU")
+
+    def unregister() -> None:
+        # Safe for an IMPL library: it defines no op, so no op object goes stale.
+        library._destroy()
+
+    undos.append(unregister)
+
+    missing = object()
+    previous_attr = torch.__dict__.get(_BACKEND, missing)
+    previous_module = sys.modules.get(f"torch.{_BACKEND}", missing)
+    setattr(torch, _BACKEND, npu_module)
+    sys.modules[f"torch.{_BACKEND}"] = npu_module
+
+    def restore_module() -> None:
+        global _inactive
+        if _inactive is None:
+            _inactive = inactive_module()
+        keep = previous_attr if previous_attr is not missing else _inactive
+        setattr(torch, _BACKEND, keep)
+        if previous_module is not missing:
+            sys.modules[f"torch.{_BACKEND}"] = previous_module  # type: ignore[assignment]
+        else:
+            sys.modules.pop(f"torch.{_BACKEND}", None)
+
+    undos.append(restore_module)
+
+    undos.append(
+        _set_attributes(
+            torch.Tensor, {_BACKEND: _tensor_npu, f"is_{_BACKEND}": property(_tensor_is_npu)}
+        )
+    )
+    undos.append(_set_attributes(torch.nn.Module, {_BACKEND: _module_npu}))
+    for storage in (torch.UntypedStorage, torch.TypedStorage):
+        undos.append(
+            _set_attributes(
+                storage, {_BACKEND: _storage_npu, f"is_{_BACKEND}": property(_storage_is_npu)}
+            )
+        )
+    undos.append(_patch_storages())
+    undos.append(_patch_autocast())
+
+    def undo_all() -> None:
+        for undo in reversed(undos):
+            undo()
+
+    return undo_all

@@ -1,0 +1,83 @@
+"""CPU reference kernels for torch_npu ops, one module per op family.
+
+A kernel is a plain function of the op's schema arguments, by their schema names
+(``self``, ``gamma``, ``epsilon``), written from the formulas in the op docs. The
+emulator's dispatch passes every argument of the active version's schema by name,
+defaults filled in; arguments that only newer versions have get Python defaults in
+the kernel, so one kernel serves every version. Kernels run with autograd off and
+must return new tensors (never an input or a view of one), as a functional op does.
+
+``differentiable=True`` marks ops whose real counterpart has a derivative
+(op-plugin's ``derivatives.yaml``); their gradient is the derivative of the
+reference formula, by autograd through the kernel. ``grad_outputs`` lists the
+outputs whose gradients the real backward consumes (``npu_rms_norm`` ignores its
+``rstd``); the other outputs do not require grad. ``replay`` returns extra keyword
+arguments that make the backward's recomputation repeat the forward exactly (the
+dropout seed of ``npu_fusion_attention``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+from typing import NamedTuple
+from typing import TypeVar
+
+
+__all__ = ["Kernel", "kernel", "kernels"]
+
+#: The family modules, imported by :func:`kernels`.
+_FAMILIES = (
+    "norms",
+    "activations",
+    "rotary",
+    "attention",
+    "matmul",
+    "layout",
+    "detection",
+    "deform_conv",
+    "moe",
+)
+
+Replay = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Kernel(NamedTuple):
+    """A reference kernel for one op overload (``"npu_x"`` or ``"npu_x.overload"``)."""
+
+    op: str
+    fn: Callable[..., Any]
+    differentiable: bool
+    grad_outputs: tuple[int, ...] | None
+    replay: Replay | None
+
+
+_registry: dict[str, Kernel] = {}
+
+
+def kernel(
+    *ops: str,
+    differentiable: bool = False,
+    grad_outputs: tuple[int, ...] | None = None,
+    replay: Replay | None = None,
+) -> Callable[[F], F]:
+    """Register the decorated function as the reference kernel of ``ops``."""
+
+    def register(fn: F) -> F:
+        for op in ops:
+            if op in _registry:
+                raise ValueError(f"two reference kernels for {op}")
+            _registry[op] = Kernel(op, fn, differentiable, grad_outputs, replay)
+        return fn
+
+    return register
+
+
+def kernels() -> dict[str, Kernel]:
+    """Every reference kernel, keyed by op overload (imports the family modules)."""
+    for family in _FAMILIES:
+        importlib.import_module(f"{__name__}.{family}")
+    return dict(_registry)

@@ -1,0 +1,3 @@
+"""attention kernels (not written yet)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""deform_conv kernels (not written yet)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""detection kernels (not written yet)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""layout kernels (not written yet)."""
+
+from __future__ import annotations

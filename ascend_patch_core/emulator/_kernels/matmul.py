@@ -1,0 +1,3 @@
+"""matmul kernels (not written yet)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""moe kernels (not written yet)."""
+
+from __future__ import annotations

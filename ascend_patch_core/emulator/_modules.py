@@ -1,0 +1,177 @@
+"""The emulated ``torch_npu`` package, served to ``import`` by a meta-path finder.
+
+The modules are built at activation but reach ``sys.modules`` only through a real
+import, so the core's import hub sees ``import torch_npu`` happen and runs the
+patches waiting for it. The finder sits right after the hub on ``sys.meta_path``
+(ahead of the path finder, so an installed torch_npu wheel is never loaded
+instead).
+
+What exists: ``torch_npu`` (every op of the version as ``torch_npu.<op>``, which
+is ``torch.ops.npu.<op>`` as in the real package; ``__version__``; ``Format``),
+``torch_npu.npu`` (= ``torch.npu``) with ``torch_npu.npu.amp`` and
+``torch_npu.npu.utils``, ``torch_npu.utils``, ``torch_npu.version`` and an empty
+``torch_npu.contrib``. ``torch_npu.contrib.transfer_to_npu`` refuses to import with
+an explanation: it rewrites torch globally with no undo.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+from . import _runtime
+
+
+__all__ = ["ORIGIN", "EmulatedPackage", "Format", "build", "install_finder", "remove_finder"]
+
+ORIGIN = "emulated by ascend_patch_core.emulator"
+_ROOT = "torch_npu"
+
+_REFUSED = {
+    "torch_npu.contrib.transfer_to_npu": (
+        "torch_npu.contrib.transfer_to_npu is not emulated: it rewrites torch globally with "
+        "no way back. Under ascend-patch, CUDA-to-NPU redirection comes from the plugins' "
+        "reversible patches (see docs/emulator.md)."
+    ),
+}
+
+
+class Format:
+    """``torch_npu.Format``: the ACL storage format ids ``npu_format_cast`` accepts."""
+
+    UNDEFINED = -1
+    NCHW = 0
+    NHWC = 1
+    ND = 2
+    NC1HWC0 = 3
+    FRACTAL_Z = 4
+    NC1HWC0_C04 = 12
+    HWCN = 16
+    NDHWC = 27
+    FRACTAL_NZ = 29
+    NCDHW = 30
+    NDC1HWC0 = 32
+    FRACTAL_Z_3D = 33
+    NC = 35
+    NCL = 47
+
+
+class EmulatedPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finder and loader of the emulated ``torch_npu`` modules."""
+
+    def __init__(
+        self, modules: dict[str, types.ModuleType], eager: Mapping[str, Sequence[str]]
+    ) -> None:
+        self.modules = modules
+        self._eager = eager
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname in _REFUSED:
+            return importlib.machinery.ModuleSpec(fullname, self, origin=ORIGIN)
+        module = self.modules.get(fullname)
+        if module is None:
+            return None
+        return importlib.machinery.ModuleSpec(
+            fullname, self, origin=ORIGIN, is_package=hasattr(module, "__path__")
+        )
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        refused = _REFUSED.get(spec.name)
+        if refused is not None:
+            raise ImportError(refused, name=spec.name)
+        return self.modules[spec.name]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        spec = module.__spec__
+        name = spec.name if spec is not None else module.__name__
+        for child in self._eager.get(name, ()):
+            importlib.import_module(child)
+
+    def forget(self) -> None:
+        """Take the emulated modules out of ``sys.modules`` (only those that are ours)."""
+        for name, module in self.modules.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+
+
+def _module(name: str, doc: str, *, package: bool = False) -> types.ModuleType:
+    module = types.ModuleType(name, doc)
+    if package:
+        module.__path__ = []
+    return module
+
+
+def _fill(module: types.ModuleType, names: Sequence[str]) -> None:
+    for name in names:
+        setattr(module, name, getattr(_runtime, name))
+    module.__all__ = [n for n in names if not n.startswith("_")]  # type: ignore[attr-defined]
+
+
+def build(
+    version: str, namespace: Any, op_names: Sequence[str], exposed: Sequence[str]
+) -> EmulatedPackage:
+    """The emulated modules of torch_npu ``version``, with ``op_names`` from ``namespace``.
+
+    ``namespace`` is the real ``torch.ops.npu``: torch_npu's ops are its op packets.
+    """
+    label = f"torch_npu {version}, emulated on CPU by ascend-patch"
+    root = _module(_ROOT, f"{label}: real op schemas, CPU reference kernels.", package=True)
+    root.__version__ = version  # type: ignore[attr-defined]
+    root.__emulated__ = True  # type: ignore[attr-defined]
+    root.Format = Format  # type: ignore[attr-defined]
+    for name in op_names:
+        setattr(root, name, getattr(namespace, name))
+    root.__all__ = list(exposed)  # type: ignore[attr-defined]
+
+    def missing(name: str) -> Any:
+        raise AttributeError(
+            f"module 'torch_npu' has no attribute {name!r} ({label}: neither an op of this "
+            f"version nor a part of torch_npu the emulator provides)"
+        )
+
+    root.__getattr__ = missing  # type: ignore[method-assign]
+
+    npu = _module(f"{_ROOT}.npu", f"torch.npu / torch_npu.npu ({label}).", package=True)
+    _fill(npu, _runtime.NPU_EXPORTS)
+    amp = _module(f"{_ROOT}.npu.amp", f"torch.npu.amp ({label}): CPU autocast.")
+    _fill(amp, _runtime.AMP_EXPORTS)
+    npu_utils = _module(f"{_ROOT}.npu.utils", f"torch_npu.npu.utils ({label}).")
+    _fill(npu_utils, _runtime.UTILS_EXPORTS)
+    utils = _module(f"{_ROOT}.utils", f"torch_npu.utils ({label}).", package=True)
+    _fill(utils, _runtime.UTILS_EXPORTS)
+    version_module = _module(f"{_ROOT}.version", f"torch_npu.version ({label}).")
+    version_module.__version__ = version  # type: ignore[attr-defined]
+    version_module.git_version = "emulated"  # type: ignore[attr-defined]
+    version_module.emulated = True  # type: ignore[attr-defined]
+    contrib = _module(f"{_ROOT}.contrib", f"torch_npu.contrib ({label}): empty.", package=True)
+
+    modules = {m.__name__: m for m in (root, npu, amp, npu_utils, utils, version_module, contrib)}
+    eager = {
+        _ROOT: (f"{_ROOT}.npu", f"{_ROOT}.utils", f"{_ROOT}.version"),
+        f"{_ROOT}.npu": (f"{_ROOT}.npu.amp", f"{_ROOT}.npu.utils"),
+    }
+    return EmulatedPackage(modules, eager)
+
+
+def install_finder(finder: EmulatedPackage) -> None:
+    """Put ``finder`` right after the core's import hub (or first, without one)."""
+    from .._hub import hub
+
+    position = sys.meta_path.index(hub) + 1 if hub in sys.meta_path else 0
+    sys.meta_path.insert(position, finder)
+
+
+def remove_finder(finder: EmulatedPackage) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
