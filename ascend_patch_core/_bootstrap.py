@@ -162,6 +162,19 @@ def start(options: RunOptions, *, role: str) -> Any:
     """
     global _started, _role
     if _started is not None:
+        # Already patched at start-up (ASCEND_PATCH_RUN was inherited): fine if the
+        # patching is the same; the newer report destination wins.
+        if not _started.same_patching(options):
+            raise StartError(
+                f"this process was already patched at start-up because {ENV_VAR} was set (by an "
+                f"outer 'ascend-patch run'?) with other options; unset {ENV_VAR} or run it directly"
+            )
+        register = _started.report is None and options.report is not None
+        _started, _role = options, role
+        if register:
+            import atexit
+
+            atexit.register(_write_report)
         import ascend_patch_core
 
         return ascend_patch_core.default_patcher.report

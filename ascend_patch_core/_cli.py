@@ -1,4 +1,9 @@
-"""The ``ascend-patch`` command. This version has ``report``; doctor, run and scan come next."""
+"""The ``ascend-patch`` command: report, doctor, run, scan (docs/cli.md).
+
+Importing this module imports argparse and nothing of the core: each command loads
+what it needs, so ``ascend-patch doctor`` and ``scan`` never pay for ``run``'s
+machinery and no command imports torch.
+"""
 
 from __future__ import annotations
 
@@ -20,28 +25,216 @@ def _version() -> str:
         return "unknown"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _selection_options(parser: argparse.ArgumentParser, *, what: str) -> None:
+    parser.add_argument(
+        "--disable",
+        action="append",
+        metavar="NAMES",
+        help=f"comma-separated plugin, group or patch names {what} (repeatable); adds to ASCEND_PATCH_DISABLE",
+    )
+    parser.add_argument(
+        "--plugins",
+        action="append",
+        metavar="NAMES",
+        help="comma-separated allow-list of plugins (repeatable); replaces ASCEND_PATCH_PLUGINS",
+    )
+
+
+def _names(values: Sequence[str] | None) -> list[str]:
+    return [n.strip() for value in values or () for n in value.split(",") if n.strip()]
+
+
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog="ascend-patch",
         description="Run CUDA-era PyTorch code on Ascend NPUs without editing it.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
     report = commands.add_parser(
         "report",
         help="apply every installed plugin in this interpreter and print the report",
+        description="Apply every installed plugin in this interpreter and print the report.",
     )
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.add_argument("-v", "--verbose", action="store_true", help="show every record")
-    args = parser.parse_args(argv)
-    if args.command is None:
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check plugins, their patches and the NPU software stack (applies nothing)",
+        description=(
+            "Check the installed plugins, what they patch, and the NPU software stack "
+            "(torch, torch_npu, CANN, NPUs, environment variables). Applies nothing and "
+            "imports no target library. Exit status 1 when something is broken."
+        ),
+    )
+    doctor.add_argument(
+        "--json", action="store_true", help="print JSON (schema ascend-patch-doctor/1)"
+    )
+    doctor.add_argument(
+        "-v", "--verbose", action="store_true", help="list every patch, rule and variable"
+    )
+    doctor.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    doctor.add_argument(
+        "--try-import",
+        action="store_true",
+        help="really import torch_npu in a child process (slow) instead of predicting it",
+    )
+    _selection_options(doctor, what="to check as disabled")
+
+    run = commands.add_parser(
+        "run",
+        help="run a script or module with the patches applied, in every process it starts",
+        usage="%(prog)s [options] (script.py | -m module) [args ...]",
+        description=(
+            "Run an unmodified program with the patches applied before its first line, "
+            "in this process and in every process it starts (DataLoader workers, "
+            "multiprocessing children, torchrun ranks). sys.argv, __main__, sys.path[0] "
+            "and the exit status are those of `python script.py` / `python -m module`."
+        ),
+        epilog=(
+            "Options go before the script; everything after it belongs to the program. "
+            "torchrun: ascend-patch run -m torch.distributed.run --nproc-per-node 2 train.py"
+        ),
+    )
+    _selection_options(run, what="to disable")
+    run.add_argument(
+        "--emulate-npu",
+        nargs="?",
+        const="",
+        metavar="VERSION",
+        help="run NPU code on the CPU under the emulator (optionally imitating torch_npu VERSION; "
+        "give it as --emulate-npu=VERSION)",
+    )
+    run.add_argument(
+        "--report", metavar="PATH", help="write the run report (JSON, with call counters) at exit"
+    )
+    run.add_argument(
+        "--profile", metavar="DIR", help="profile training steps into DIR (with_profiling)"
+    )
+    run.add_argument(
+        "--brake-at", type=int, metavar="N", help="stop training cleanly after N steps (brake_at)"
+    )
+    run.add_argument(
+        "--strict", action="store_true", help="any patch or plugin failure stops the program"
+    )
+    run.add_argument(
+        "-v", "--verbose", action="store_true", help="print the patch report to stderr at exit"
+    )
+
+    scan = commands.add_parser(
+        "scan",
+        help="find CUDA-only constructs in a codebase and what the installed plugins cover",
+        description=(
+            "Statically analyse Python files (nothing is imported or run) for CUDA-only "
+            "constructs and report, for each, whether an installed plugin covers it."
+        ),
+    )
+    scan.add_argument("path", help="a directory or a Python file")
+    scan.add_argument("--json", action="store_true", help="print JSON (schema ascend-patch-scan/1)")
+    scan.add_argument(
+        "-v", "--verbose", action="store_true", help="list every finding, covered ones too"
+    )
+    scan.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip matching paths (repeatable)",
+    )
+    scan.add_argument("--check", action="store_true", help="exit 1 when a finding is not covered")
+    _selection_options(scan, what="whose declarations do not count")
+    return parser, run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser, run_parser = _parser()
+    if args and args[0] == "run":
+        return _run(run_parser, args[1:])
+    ns = parser.parse_args(args)
+    if ns.command is None:
         parser.print_help()
         return 2
+    if ns.command == "report":
+        return _report(ns)
+    if ns.command == "doctor":
+        return _doctor(ns)
+    return _scan(parser, ns)
+
+
+def _report(ns: argparse.Namespace) -> int:
     import ascend_patch_core
 
     result = ascend_patch_core.apply()
-    print(result.to_json() if args.json else result.table(verbose=args.verbose))
+    print(result.to_json() if ns.json else result.table(verbose=ns.verbose))
     return 0 if result.ok else 1
+
+
+def _doctor(ns: argparse.Namespace) -> int:
+    import json
+
+    from . import _doctor
+
+    result = _doctor.diagnose(
+        disable=_names(ns.disable),
+        plugins=_names(ns.plugins) if ns.plugins else None,
+        try_import=ns.try_import,
+        strict=ns.strict,
+    )
+    if ns.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(_doctor.render(result, verbose=ns.verbose, stream=sys.stdout))
+    return _doctor.exit_status(result)
+
+
+def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from . import _scan
+    from ._declarations import collect
+
+    if not os.path.exists(ns.path):
+        parser.error(f"scan: {ns.path!r} does not exist")
+    inventory = collect(
+        disable=_names(ns.disable), plugins=_names(ns.plugins) if ns.plugins else None
+    )
+    result = _scan.scan(ns.path, inventory=inventory, exclude=ns.exclude)
+    if ns.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(_scan.render(result, verbose=ns.verbose, stream=sys.stdout))
+    return 1 if ns.check and result["summary"]["not_covered"] else 0
+
+
+def _run(run_parser: argparse.ArgumentParser, args: list[str]) -> int:
+    from . import _run
+
+    try:
+        own, target = _run.split_argv(args)
+    except _run.UsageError as exc:
+        run_parser.error(str(exc))
+    ns = run_parser.parse_args(own)
+    if target is None:
+        run_parser.error("give the program to run: a script (train.py) or -m module")
+    try:
+        options = _run.options_from_args(ns)
+        return _run.run(options, target, verbose=ns.verbose)
+    except _run.UsageError as exc:
+        print(f"ascend-patch run: {exc}", file=sys.stderr)
+        return exc.status
+    except Exception as exc:
+        # Only the patching itself gets here (the program's own errors are printed by
+        # run()): strict mode, or a broken installation.
+        from ._errors import PatchError
+
+        if isinstance(exc, PatchError):
+            print(f"ascend-patch run: {exc}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

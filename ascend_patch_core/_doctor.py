@@ -1,0 +1,479 @@
+"""``ascend-patch doctor``: plugins, their declarations and the NPU stack, checked without applying.
+
+Nothing is patched and no target library is imported: plugins are loaded (their
+hooks only return declarations), patch groups expanded, version constraints checked
+from distribution metadata, libraries looked up with ``find_spec`` of their top-level
+name. The JSON form (``--json``) follows the ``ascend-patch-doctor/1`` schema in
+docs/cli.md; the exit status is 1 when something is broken (an ``error`` finding),
+or, with ``--strict``, when there is any warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+from typing import TextIO
+
+from . import _environment
+from ._bootstrap import PTH_NAME
+from ._declarations import DeclaredPatch
+from ._declarations import FreshMetadata
+from ._declarations import Inventory
+from ._declarations import PluginInfo
+from ._declarations import collect
+from ._environment import Finding
+from ._output import Style
+from ._output import table
+
+
+__all__ = ["SCHEMA", "diagnose", "exit_status", "render"]
+
+SCHEMA = "ascend-patch-doctor/1"
+
+
+def _core_info() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version
+
+    import ascend_patch_core
+
+    try:
+        core_version: str | None = version("ascend-patch-core")
+    except PackageNotFoundError:
+        core_version = None
+    package_dir = os.path.dirname(os.path.abspath(ascend_patch_core.__file__ or "."))
+    return {"version": core_version, "path": package_dir, "start_hook": _start_hook(package_dir)}
+
+
+def _site_dirs() -> list[str]:
+    import site
+
+    dirs: list[str] = []
+    # Old virtualenv releases ship a site.py without these functions.
+    with contextlib.suppress(AttributeError):
+        dirs.extend(site.getsitepackages())
+    with contextlib.suppress(AttributeError):
+        dirs.append(site.getusersitepackages())
+    return list(dict.fromkeys(dirs))
+
+
+def _start_hook(package_dir: str) -> dict[str, Any]:
+    packaged = os.path.join(package_dir, PTH_NAME)
+    for directory in _site_dirs():
+        path = os.path.join(directory, PTH_NAME)
+        if os.path.isfile(path):
+            try:
+                with open(path, "rb") as installed, open(packaged, "rb") as shipped:
+                    current: bool | None = installed.read() == shipped.read()
+            except OSError:
+                current = None
+            return {"installed": True, "path": path, "current": current}
+    return {"installed": False, "path": None, "current": None}
+
+
+def _patch_dict(patch: DeclaredPatch) -> dict[str, Any]:
+    return {
+        "kind": patch.kind,
+        "name": patch.name,
+        "group": patch.group,
+        "target": patch.target,
+        "aliases": list(patch.aliases),
+        "library": patch.library,
+        "library_installed": patch.library_installed,
+        "requires": [
+            {"requirement": r.text, "satisfied": r.satisfied, "detail": r.detail}
+            for r in patch.requirements
+        ],
+        "after": list(patch.after),
+        "applicable": patch.applicable,
+        "not_applicable_reason": patch.not_applicable_reason,
+    }
+
+
+def _plugin_dict(plugin: PluginInfo) -> dict[str, Any]:
+    prov = plugin.provenance
+    return {
+        "name": plugin.name,
+        "distribution": prov.distribution,
+        "version": prov.version,
+        "entry_point": prov.entry_point,
+        "file": prov.file,
+        "status": plugin.status,
+        "reason": plugin.reason,
+        "warnings": list(plugin.warnings),
+        "errors": list(plugin.errors),
+        "patches": [_patch_dict(p) for p in plugin.patches],
+        "rules": [
+            {"kind": r.kind, "module": r.module, "description": r.description} for r in plugin.rules
+        ],
+        "env": [
+            {"name": s.name, "value": s.value, "why": s.why, "user_value": os.environ.get(s.name)}
+            for s in plugin.env
+        ],
+    }
+
+
+def _libraries(inventory: Inventory) -> list[dict[str, Any]]:
+    meta = FreshMetadata()
+    libraries: dict[str, dict[str, Any]] = {}
+    for patch in inventory.patches():
+        entry = libraries.setdefault(
+            patch.library,
+            {
+                "name": patch.library,
+                "installed": patch.library_installed,
+                "version": None,
+                "patches": 0,
+                "applicable": 0,
+            },
+        )
+        entry["patches"] += 1
+        entry["applicable"] += int(patch.applicable)
+        if entry["version"] is None and patch.library_installed:
+            entry["version"] = meta.version(patch.library)
+    return sorted(libraries.values(), key=lambda e: str(e["name"]))
+
+
+def _plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Finding]:
+    out: list[Finding] = []
+    loaded = inventory.loaded()
+    for plugin in inventory.plugins:
+        if plugin.status == "broken":
+            out.append(
+                Finding("error", "plugin-broken", plugin.reason or f"plugin {plugin.name!r} failed")
+            )
+        out.extend(
+            Finding("error", "declaration-error", f"plugin {plugin.name!r}: {e}")
+            for e in plugin.errors
+        )
+        out.extend(
+            Finding("warning", "plugin-warning", f"plugin {plugin.name!r}: {w}")
+            for w in plugin.warnings
+        )
+        for patch in plugin.patches:
+            for requirement in patch.requirements:
+                if requirement.detail.startswith("invalid requirement"):
+                    out.append(
+                        Finding(
+                            "error",
+                            "invalid-requirement",
+                            f"plugin {plugin.name!r}, patch {patch.name!r}: {requirement.detail}",
+                        )
+                    )
+        for setting in plugin.env:
+            user = os.environ.get(setting.name)
+            if user is not None and user != setting.value:
+                why = f" ({setting.why})" if setting.why else ""
+                out.append(
+                    Finding(
+                        "note",
+                        "env-overridden",
+                        f"plugin {plugin.name!r} recommends {setting.name}={setting.value}{why}; "
+                        f"you set {setting.name}={user}, which is kept",
+                    )
+                )
+    out.extend(Finding("warning", "unknown-name", w) for w in inventory.warnings)
+    out.extend(Finding("warning", "unknown-name", w) for w in inventory.unknown_disabled(disable))
+    for plugin_name, group, other in inventory.group_conflicts():
+        out.append(
+            Finding(
+                "error",
+                "group-conflict",
+                f"patch groups {group!r} (plugin {plugin_name!r}) and {other!r} conflict "
+                f"({group}.conflicts_with names {other!r}); apply() raises PatchConflictError: "
+                f"disable one, e.g. --disable {other}",
+            )
+        )
+    for target, patches in inventory.collisions():
+        who = " and ".join(f"{p.name!r} (plugin {p.plugin!r})" for p in patches)
+        out.append(
+            Finding(
+                "warning",
+                "patch-collision",
+                f"{who} all patch {target}; the last one applied wins (an error in strict mode)",
+            )
+        )
+    for patch, name in inventory.missing_dependencies():
+        out.append(
+            Finding(
+                "error",
+                "missing-dependency",
+                f"plugin {patch.plugin!r}, patch {patch.name!r}: after={name!r} names no patch or "
+                "group of any loaded plugin, so it would fail",
+            )
+        )
+    if not loaded and not any(p.status == "broken" for p in inventory.plugins):
+        out.append(
+            Finding(
+                "warning",
+                "no-plugins",
+                "no plugin is loaded: install one (pip install ascend-patch-torch) or check "
+                "ASCEND_PATCH_DISABLE / ASCEND_PATCH_PLUGINS / ASCEND_PATCH_AUTOLOAD",
+            )
+        )
+    return out
+
+
+def _stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    torch, npu, cann, devices = facts["torch"], facts["torch_npu"], facts["cann"], facts["npu"]
+    hook = core["start_hook"]
+    if not hook["installed"]:
+        out.append(
+            Finding(
+                "warning",
+                "start-hook-missing",
+                f"the start hook ({PTH_NAME}) is not in this interpreter's site-packages: "
+                "'ascend-patch run' patches its own process but not spawned workers or torchrun "
+                "ranks; reinstall ascend-patch-core with pip",
+            )
+        )
+    elif hook["current"] is False:
+        out.append(
+            Finding(
+                "warning",
+                "start-hook-stale",
+                f"{hook['path']} differs from the one this ascend-patch-core ships; reinstall it with pip",
+            )
+        )
+    if npu["installed"]:
+        if not torch["installed"]:
+            out.append(
+                Finding(
+                    "error",
+                    "torch-missing",
+                    f"torch_npu {npu['version']} is installed but torch is not",
+                )
+            )
+        elif npu["pairs_with_torch"] is False:
+            out.append(
+                Finding(
+                    "error",
+                    "torch-npu-mismatch",
+                    f"torch_npu {npu['version']} pairs with torch {npu['expected_torch']}, but torch "
+                    f"{torch['version']} is installed: pip install torch=={npu['expected_torch']} "
+                    "(or the torch_npu release for your torch)",
+                )
+            )
+        if not cann["found"]:
+            out.append(
+                Finding(
+                    "warning",
+                    "cann-missing",
+                    "torch_npu is installed but no CANN toolkit was found "
+                    "(ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest)",
+                )
+            )
+        if npu["import_check"] == "import" and not npu["importable"]:
+            out.append(
+                Finding(
+                    "error", "torch-npu-import", f"import torch_npu failed: {npu['import_detail']}"
+                )
+            )
+    else:
+        from . import emulator
+
+        hint = (
+            "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
+            if hasattr(emulator, "activate")
+            else ""
+        )
+        out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
+    if devices["error"]:
+        out.append(Finding("warning", "npu-smi", devices["error"]))
+    elif devices["npu_smi"] and not devices["devices"]:
+        out.append(Finding("warning", "no-devices", "npu-smi lists no NPU"))
+    return out
+
+
+def diagnose(
+    *,
+    disable: Iterable[str] = (),
+    plugins: Iterable[str] | None = None,
+    try_import: bool = False,
+    strict: bool = False,
+) -> dict[str, Any]:
+    """Everything doctor knows, as the ``ascend-patch-doctor/1`` JSON object."""
+    started = time.perf_counter()
+    disable = list(disable)
+    meta = FreshMetadata()
+    inventory = collect(disable=disable, plugins=plugins, meta=meta)
+    core = _core_info()
+    torch = _environment.torch_info(meta)
+    facts: dict[str, Any] = {
+        "python": _environment.python_info(),
+        "torch": torch,
+        "torch_npu": _environment.torch_npu_info(meta, torch["version"], try_import),
+        "cann": _environment.cann_info(),
+        "npu": _environment.npu_info(),
+    }
+    variables, env_findings = _environment.variable_findings(facts)
+    facts["variables"] = variables
+    findings = _plugin_findings(inventory, disable) + _stack_findings(facts, core) + env_findings
+    order = {"error": 0, "warning": 1, "note": 2}
+    findings.sort(key=lambda f: order.get(f.level, 3))
+    counts = {level: sum(f.level == level for f in findings) for level in order}
+    selection = inventory.selection
+    return {
+        "schema": SCHEMA,
+        "ok": counts["error"] == 0 and not (strict and counts["warning"]),
+        "counts": counts,
+        "core": core,
+        "selection": {
+            "disable": sorted(set(selection.disable) | set(disable)),
+            "plugins": sorted(selection.allow) if selection.allow is not None else None,
+            "autoload": selection.autoload,
+            "strict": strict or selection.strict,
+        },
+        "plugins": [_plugin_dict(p) for p in inventory.plugins],
+        "libraries": _libraries(inventory),
+        "environment": facts,
+        "findings": [f._asdict() for f in findings],
+        "elapsed_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def exit_status(result: dict[str, Any]) -> int:
+    return 0 if result["ok"] else 1
+
+
+def _plural(n: int, word: str) -> str:
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}es" if word.endswith(("ch", "sh", "s", "x")) else f"{n} {word}s"
+
+
+def render(result: dict[str, Any], *, verbose: bool = False, stream: TextIO | None = None) -> str:
+    """The human-readable report."""
+    style = Style(stream if stream is not None else sys.stdout)
+    core = result["core"]
+    lines = [
+        style.paint("ascend-patch doctor", "bold")
+        + f"  ascend-patch-core {core['version'] or '?'}  {core['path']}",
+        "",
+    ]
+
+    plugins = result["plugins"]
+    lines.append(style.paint(f"Plugins ({len(plugins)})", "bold"))
+    rows: list[list[Any]] = []
+    for plugin in plugins:
+        status = plugin["status"]
+        level = {"loaded": "ok", "broken": "error"}.get(status, "note")
+        origin = f"{plugin['distribution'] or '?'} {plugin['version'] or ''}".strip()
+        if status == "loaded":
+            applicable = sum(p["applicable"] for p in plugin["patches"])
+            detail = (
+                f"{_plural(len(plugin['patches']), 'patch')} ({applicable} applicable here), "
+                f"{_plural(len(plugin['rules']), 'import rule')}"
+            )
+            if plugin["env"]:
+                detail += f", {_plural(len(plugin['env']), 'env default')}"
+        else:
+            detail = plugin["reason"] or ""
+        rows.append(
+            [
+                style.level(level, status.upper() if level == "error" else status),
+                plugin["name"],
+                origin,
+                detail,
+            ]
+        )
+    lines.extend(table(rows, style) if rows else ["  none installed"])
+    if verbose:
+        for plugin in plugins:
+            lines.append("")
+            lines.append(f"  {style.paint(plugin['name'], 'bold')}  {plugin['entry_point'] or ''}")
+            if plugin["file"]:
+                lines.append(f"    file: {plugin['file']}")
+            patch_rows: list[list[Any]] = []
+            for patch in plugin["patches"]:
+                state = style.level("ok") if patch["applicable"] else style.paint("skip", "dim")
+                requires = ", ".join(r["requirement"] for r in patch["requires"]) or "-"
+                why = patch["not_applicable_reason"] or ""
+                kind = "" if patch["kind"] == "patch" else f"[{patch['kind']}] "
+                patch_rows.append([state, kind + patch["target"], requires, why])
+            lines.extend(table(patch_rows, style, indent=4, max_width=72))
+            for rule in plugin["rules"]:
+                lines.append(f"    rule    {rule['description']}")
+            for setting in plugin["env"]:
+                lines.append(f"    env     {setting['name']}={setting['value']}  {setting['why']}")
+
+    if result["libraries"]:
+        lines += ["", style.paint("Target libraries", "bold")]
+        rows = []
+        for lib in result["libraries"]:
+            if lib["installed"]:
+                state = style.level("ok", lib["version"] or "installed")
+            else:
+                state = style.paint("not installed", "dim")
+            rows.append(
+                [lib["name"], state, f"{lib['applicable']}/{lib['patches']} patches applicable"]
+            )
+        lines.extend(table(rows, style))
+
+    env = result["environment"]
+    py, torch, npu, cann, devices = (
+        env["python"],
+        env["torch"],
+        env["torch_npu"],
+        env["cann"],
+        env["npu"],
+    )
+    lines += ["", style.paint("Environment", "bold")]
+    rows = [["python", f"{py['version']} {py['implementation']}  {py['executable']}"]]
+    rows.append(["torch", torch["version"] if torch["installed"] else "not installed"])
+    if npu["installed"]:
+        pairs = {True: "pairs with torch", False: f"needs torch {npu['expected_torch']}", None: ""}
+        importable = {True: "importable", False: "not importable", None: ""}[npu["importable"]]
+        how = "" if npu["import_check"] == "import" else " (predicted)"
+        text = f"{npu['version']}, {pairs[npu['pairs_with_torch']]}, {importable}{how}"
+        rows.append(["torch_npu", text.replace(", ,", ",")])
+    else:
+        rows.append(["torch_npu", "not installed"])
+    if cann["found"]:
+        rows.append(["CANN", f"{cann['version'] or 'version unknown'}  {cann['home']}"])
+    else:
+        rows.append(["CANN", "not found"])
+    if devices["npu_smi"] is None:
+        rows.append(["NPUs", "npu-smi not found"])
+    else:
+        names = ", ".join(f"{d['id']}:{d['name']}({d['health']})" for d in devices["devices"])
+        rows.append(["NPUs", f"{len(devices['devices'])} {names}".strip()])
+    hook = core["start_hook"]
+    rows.append(["start hook", hook["path"] if hook["installed"] else "not installed"])
+    lines.extend(table(rows, style))
+    shown = [v for v in env["variables"] if verbose or v["value"] is not None]
+    if shown:
+        lines += ["", style.paint("Variables", "bold")]
+        rows = [
+            [
+                v["name"],
+                v["value"] if v["value"] is not None else style.paint("(unset)", "dim"),
+                v["meaning"] if verbose else "",
+            ]
+            for v in shown
+        ]
+        lines.extend(table(rows, style))
+
+    findings = result["findings"]
+    if findings:
+        lines += ["", style.paint("Findings", "bold")]
+        rows = [[style.level(f["level"]), f["code"], f["message"]] for f in findings]
+        lines.extend(table(rows, style))
+    counts = result["counts"]
+    summary = ", ".join(
+        [
+            style.level("error", _plural(counts["error"], "error"))
+            if counts["error"]
+            else "0 errors",
+            _plural(counts["warning"], "warning"),
+            _plural(counts["note"], "note"),
+        ]
+    )
+    verdict = style.level("ok", "ok") if result["ok"] else style.level("error", "problems found")
+    lines += ["", f"{verdict}: {summary} ({result['elapsed_s']:.2f} s)"]
+    return "\n".join(lines)
