@@ -211,7 +211,10 @@ def _activate_emulator(version: str | None) -> None:
             "--emulate-npu needs the NPU emulator's activate() (ascend_patch_core.emulator.activate), "
             "which this version of ascend-patch-core does not ship yet; run without --emulate-npu"
         )
-    activate(version=version)
+    try:
+        activate(version=version)
+    except Exception as exc:  # an unknown version, torch_npu already imported, ...
+        raise StartError(f"--emulate-npu: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------- the .pth hook
@@ -283,9 +286,9 @@ def _process_entry() -> dict[str, Any]:
     return entry
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+def _write_json(path: str, data: dict[str, Any], *, create_directory: bool = True) -> None:
+    if create_directory:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2, ensure_ascii=False)
@@ -300,10 +303,14 @@ def _write_report() -> None:
     try:
         is_main = _role == "main" and options.main_pid == os.getpid()
         if not is_main:  # a child, or a forked copy of the main process
+            # A process that outlives the main one (multiprocessing's resource tracker)
+            # finds the directory gone: its report has no reader any more.
             if options.report_parts:
                 entry = _process_entry()
                 entry["role"] = "child"
-                _write_json(os.path.join(options.report_parts, f"{os.getpid()}.json"), entry)
+                part = os.path.join(options.report_parts, f"{os.getpid()}.json")
+                with contextlib.suppress(FileNotFoundError):
+                    _write_json(part, entry, create_directory=False)
             return
         children = _collect_parts(options.report_parts)
         data = {

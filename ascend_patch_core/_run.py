@@ -261,7 +261,7 @@ def _load_archive(
 
     def prepare() -> None:
         sys.argv[:] = [argv0, *args]
-        _set_path0(path)
+        _set_path0(os.path.abspath(path))
         sys.modules["__main__"] = _fresh_main(
             __name__="__main__",
             __file__=spec.origin,
