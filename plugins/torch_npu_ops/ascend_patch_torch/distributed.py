@@ -5,7 +5,8 @@ per-device spec such as ``"cpu:gloo,cuda:nccl"`` -- never an arbitrary string
 containing them (``transfer_to_npu`` rewrote ``nccl`` inside any positional string,
 init_method URLs and file paths included).
 
-Under the NPU emulator the hccl backend runs on gloo, so these patches are tested on CPU.
+Under the NPU emulator, whose devices are the CPU, the backend becomes ``gloo``
+instead of ``hccl`` (see :func:`npu_backend`), so these patches run and are tested on CPU.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from .redirect import redirect_patch
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["HCCL", "Distributed", "to_hccl_backend"]
+__all__ = [
+    "HCCL",
+    "Distributed",
+    "is_hccl_available",
+    "names_nccl",
+    "npu_backend",
+    "to_hccl_backend",
+]
 
 HCCL = "hccl"
 
@@ -51,13 +59,22 @@ def names_nccl(backend: object) -> bool:
     )
 
 
+def npu_backend() -> str:
+    """The collective backend for NPU tensors: ``hccl``, or ``gloo`` under the NPU emulator."""
+    torch_npu = sys.modules.get("torch_npu")
+    if getattr(torch_npu, "__emulated__", False):
+        return "gloo"  # emulated NPU tensors are CPU tensors
+    return HCCL
+
+
 def to_hccl_backend(backend: Any) -> Any:
     """``"nccl"`` -> ``"hccl"``; ``"cpu:gloo,cuda:nccl"`` -> ``"cpu:gloo,npu:hccl"``; else unchanged."""
     if not names_nccl(backend):
         return backend
+    collective = npu_backend()
     items = []
     for dev, name in _backend_parts(backend):
-        name = HCCL if name.lower() == "nccl" else name
+        name = collective if name.lower() == "nccl" else name
         if dev is None:
             items.append(name)
         else:
@@ -119,7 +136,7 @@ def is_hccl_available() -> bool:
     probe = getattr(dist, "is_hccl_available", None)
     if probe is not None:
         return bool(probe())
-    return bool(dist.is_backend_available(HCCL))
+    return bool(dist.is_backend_available(npu_backend()))
 
 
 def _is_hccl_available(original: Callable[..., Any]) -> Callable[..., Any]:

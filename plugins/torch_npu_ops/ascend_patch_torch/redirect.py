@@ -48,6 +48,7 @@ __all__ = [
     "FactoryDevices",
     "GeneratorAndEvent",
     "ModuleDevices",
+    "ScriptBuiltins",
     "Serialization",
     "TensorDevices",
     "redirect_patch",
@@ -78,6 +79,7 @@ def redirect_patch(
 # Factories whose device is keyword-only. torch reads an int there as a device index.
 _KEYWORD_FACTORIES = (
     "arange",
+    "as_tensor",
     "asarray",
     "bartlett_window",
     "blackman_window",
@@ -132,8 +134,6 @@ class FactoryDevices(Patch):
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
         for name in _KEYWORD_FACTORIES:
             yield redirect_patch(f"torch.{name}", _DEVICE_KW)
-        # as_tensor(data, dtype=None, device=None): the device may be positional.
-        yield redirect_patch("torch.as_tensor", (device(2, ints=True),))
         yield redirect_patch("torch._pin_memory", (device(1),))
         yield redirect_patch("torch.set_default_device", (device(0, ints=True),))
         yield redirect_patch("torch.get_device_module", (device(0),))
@@ -283,6 +283,45 @@ class GeneratorAndEvent(Patch):
                 f"ascend_patch_torch._proxies:{name}",
                 precheck=npu_runtime_importable,
             )
+
+
+# --------------------------------------------------------------------------- TorchScript
+
+
+def _script_sees_originals(original: Callable[..., Any]) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(original)
+    def find_builtin(fn: Any) -> Any:
+        found = original(fn)
+        if found is None:
+            try:
+                wrapped = fn.__ascend_patch_original__
+            except Exception:
+                return None
+            found = original(wrapped)
+        return found
+
+    return find_builtin
+
+
+class ScriptBuiltins(Patch):
+    """``torch.jit.script`` keeps compiling ``torch.zeros`` & co. as the aten ops they wrap.
+
+    TorchScript recognizes torch functions by identity in a table it fills once; a
+    redirect wrapper installed after that is unknown to it, and scripting a function
+    calling ``torch.zeros`` would fail. Scripted code runs the plain aten op (its
+    device arguments are not redirected), as it would without ascend-patch.
+    """
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        yield AtomicPatch(
+            "torch.jit._builtins._find_builtin",
+            target_wrapper=_script_sees_originals,
+            precheck=npu_runtime_importable,
+            aliases=("torch.jit._recursive._find_builtin",),
+        )
 
 
 # --------------------------------------------------------------------------- autocast

@@ -1,0 +1,55 @@
+"""Recommended NPU runtime settings, offered through the ``configure_env`` hook.
+
+Each is a default only: the core writes a variable into ``os.environ`` only when it
+is unset, before anything imports torch_npu, records it (``ascend-patch doctor``
+and the report show the value and the reason), and removes it again on
+``revert()``. To override one, set the variable yourself (any value, including
+torch_npu's own default, listed below); to turn all of them off, set
+``ASCEND_PATCH_NPU_ENV=0``.
+
+The values and their reasons are in :data:`RECOMMENDED` (and docs/training.md):
+``TASK_QUEUE_ENABLE=2`` (torch_npu's default 1), ``CPU_AFFINITY_CONF=1`` (default 0),
+``HCCL_CONNECT_TIMEOUT=1200`` (default 120 seconds), ``COMBINED_ENABLE=1`` (default 0).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ascend_patch_core import EnvSetting
+
+
+__all__ = ["RECOMMENDED", "SWITCH", "recommended_env"]
+
+#: Set to 0 to get none of the recommendations.
+SWITCH = "ASCEND_PATCH_NPU_ENV"
+
+RECOMMENDED: tuple[EnvSetting, ...] = (
+    EnvSetting(
+        "TASK_QUEUE_ENABLE",
+        "2",
+        "level-2 task-queue pipeline: less host-bound time per step (torch_npu default: 1)",
+    ),
+    EnvSetting(
+        "CPU_AFFINITY_CONF",
+        "1",
+        "bind each rank's threads to the CPU cores near its NPU (torch_npu default: 0)",
+    ),
+    EnvSetting(
+        "HCCL_CONNECT_TIMEOUT",
+        "1200",
+        "seconds to wait for every rank to connect; the default 120 is short for many nodes",
+    ),
+    EnvSetting(
+        "COMBINED_ENABLE",
+        "1",
+        "copy non-contiguous views (slices, transposes) with one fused kernel (torch_npu default: 0)",
+    ),
+)
+
+
+def recommended_env() -> list[EnvSetting]:
+    """The recommendations, unless ``ASCEND_PATCH_NPU_ENV=0`` turns them all off."""
+    if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
+        return []
+    return list(RECOMMENDED)
