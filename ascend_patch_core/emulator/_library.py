@@ -191,9 +191,7 @@ def _register_autograd(
         ctx.replay = dict(found.replay(named, output)) if found.replay is not None else {}
         outputs = output if isinstance(output, tuple) else (output,)
         frozen = [
-            outputs[i]
-            for i in tensor_returns
-            if i not in wanted and isinstance(outputs[i], torch.Tensor)
+            outputs[i] for i in found.nondifferentiable if isinstance(outputs[i], torch.Tensor)
         ]
         if frozen:
             ctx.mark_non_differentiable(*frozen)

@@ -10,10 +10,11 @@ must return new tensors (never an input or a view of one), as a functional op do
 ``differentiable=True`` marks ops whose real counterpart has a derivative
 (op-plugin's ``derivatives.yaml``); their gradient is the derivative of the
 reference formula, by autograd through the kernel. ``grad_outputs`` lists the
-outputs whose gradients the real backward consumes (``npu_rms_norm`` ignores its
-``rstd``); the other outputs do not require grad. ``replay`` returns extra keyword
-arguments that make the backward's recomputation repeat the forward exactly (the
-dropout seed of ``npu_fusion_attention``).
+outputs whose incoming gradients the real backward formula uses (most use only
+the first output's); ``nondifferentiable`` lists outputs that do not require grad
+at all (``output_differentiability: false``, e.g. ``npu_rms_norm``'s ``rstd``).
+``replay`` returns extra keyword arguments that make the backward's recomputation
+repeat the forward exactly (the dropout seed of ``npu_fusion_attention``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import NamedTuple
 from typing import TypeVar
 
 
-__all__ = ["Kernel", "kernel", "kernels"]
+__all__ = ["Kernel", "compute_dtype", "kernel", "kernels"]
 
 #: The family modules, imported by :func:`kernels`.
 _FAMILIES = (
@@ -52,6 +53,7 @@ class Kernel(NamedTuple):
     fn: Callable[..., Any]
     differentiable: bool
     grad_outputs: tuple[int, ...] | None
+    nondifferentiable: tuple[int, ...]
     replay: Replay | None
 
 
@@ -62,6 +64,7 @@ def kernel(
     *ops: str,
     differentiable: bool = False,
     grad_outputs: tuple[int, ...] | None = None,
+    nondifferentiable: tuple[int, ...] = (),
     replay: Replay | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the reference kernel of ``ops``."""
@@ -70,7 +73,7 @@ def kernel(
         for op in ops:
             if op in _registry:
                 raise ValueError(f"two reference kernels for {op}")
-            _registry[op] = Kernel(op, fn, differentiable, grad_outputs, replay)
+            _registry[op] = Kernel(op, fn, differentiable, grad_outputs, nondifferentiable, replay)
         return fn
 
     return register
@@ -81,3 +84,14 @@ def kernels() -> dict[str, Kernel]:
     for family in _FAMILIES:
         importlib.import_module(f"{__name__}.{family}")
     return dict(_registry)
+
+
+def compute_dtype(tensor: Any) -> Any:
+    """The dtype a kernel computes in: float32, or float64 for float64 inputs.
+
+    NPU kernels compute half-precision inputs in float32; keeping float64 lets
+    ``torch.autograd.gradcheck`` check the emulator's derivatives.
+    """
+    import torch
+
+    return torch.float64 if tensor.dtype == torch.float64 else torch.float32

@@ -1,7 +1,7 @@
 """Activations: gated (``npu_swiglu``, ``npu_geglu``) and plain (``fast_gelu``,
 ``npu_gelu``, ``npu_silu``, ``npu_mish``).
 
-All compute in float32 and return the input dtype.
+All compute in float32 (float64 for float64 inputs) and return the input dtype.
 """
 
 from __future__ import annotations
@@ -11,7 +11,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import compute_dtype
 from . import kernel
+
+
+def _wide(x: Any) -> Any:
+    return x.to(compute_dtype(x))
 
 
 def _halves(x: Any, dim: int) -> tuple[Any, Any]:
@@ -19,7 +24,7 @@ def _halves(x: Any, dim: int) -> tuple[Any, Any]:
         raise RuntimeError(
             f"the input's size along dim {dim} must be even, got shape {tuple(x.shape)}"
         )
-    left, right = x.float().chunk(2, dim)
+    left, right = _wide(x).chunk(2, dim)
     return left, right
 
 
@@ -33,7 +38,7 @@ def swiglu(self: Any, dim: int = -1) -> Any:
 _GELU_APPROXIMATION = {0: "none", 1: "tanh"}
 
 
-@kernel("npu_geglu", differentiable=True, grad_outputs=(0,))
+@kernel("npu_geglu", differentiable=True, grad_outputs=(0,), nondifferentiable=(1,))
 def geglu(
     self: Any, dim: int = -1, approximate: int = 1, activate_left: bool = False
 ) -> tuple[Any, Any]:
@@ -51,7 +56,7 @@ def geglu(
 @kernel("fast_gelu", "npu_fast_gelu", differentiable=True)
 def fast_gelu(self: Any) -> Any:
     """``x * sigmoid(1.702 * x)`` (the Atlas A2/A3 formula)."""
-    x = self.float()
+    x = _wide(self)
     return (x * torch.sigmoid(1.702 * x)).to(self.dtype)
 
 
@@ -59,15 +64,15 @@ def fast_gelu(self: Any) -> Any:
 def gelu(self: Any, approximate: str = "none") -> Any:
     if approximate not in ("none", "tanh"):
         raise RuntimeError(f"npu_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return F.gelu(self.float(), approximate=approximate).to(self.dtype)
+    return F.gelu(_wide(self), approximate=approximate).to(self.dtype)
 
 
 @kernel("npu_silu", differentiable=True)
 def silu(self: Any) -> Any:
-    return F.silu(self.float()).to(self.dtype)
+    return F.silu(_wide(self)).to(self.dtype)
 
 
 @kernel("npu_mish", differentiable=True)
 def mish(self: Any) -> Any:
     """``x * tanh(softplus(x))``."""
-    return F.mish(self.float()).to(self.dtype)
+    return F.mish(_wide(self)).to(self.dtype)

@@ -11,14 +11,16 @@ from typing import Any
 
 import torch
 
+from . import compute_dtype
 from . import kernel
 
 
 @kernel("npu_rotary_mul", differentiable=True)
 def rotary_mul(self: Any, r1: Any, r2: Any, rotary_mode: str = "half", rotate: Any = None) -> Any:
-    x = self.float()
+    wide = compute_dtype(self)
+    x = self.to(wide)
     if rotate is not None:
-        turned = x @ rotate.float()
+        turned = x @ rotate.to(wide)
     elif rotary_mode == "half":
         if x.shape[-1] % 2:
             raise RuntimeError(f"npu_rotary_mul: the last dim must be even, got {x.shape[-1]}")
@@ -32,4 +34,4 @@ def rotary_mul(self: Any, r1: Any, r2: Any, rotary_mode: str = "half", rotate: A
         raise RuntimeError(
             f"npu_rotary_mul: rotary_mode must be 'half' or 'interleave', got {rotary_mode!r}"
         )
-    return (x * r1.float() + turned * r2.float()).to(self.dtype)
+    return (x * r1.to(wide) + turned * r2.to(wide)).to(self.dtype)
