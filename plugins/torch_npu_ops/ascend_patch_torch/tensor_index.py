@@ -56,7 +56,11 @@ def masked_index(self: Any, index: Any) -> Any:
     k = index.dim()
     trailing = self.shape[k:]
     mask = index.reshape(index.shape + (1,) * len(trailing))
-    return self.masked_select(mask).reshape(-1, *trailing)
+    selected = self.masked_select(mask)
+    width = trailing.numel()
+    # reshape(-1, ...) is ambiguous when a trailing dimension is 0: count the rows.
+    rows = selected.numel() // width if width else int(index.sum())
+    return selected.reshape(rows, *trailing)
 
 
 class TensorIndex(Patch):

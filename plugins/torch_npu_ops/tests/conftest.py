@@ -2,7 +2,39 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+
 import pytest
+
+
+def require(module: str):
+    """Import ``module``, or skip the test -- unless the session requires it.
+
+    Sessions that install an optional dependency on purpose (numpy, torch_scatter)
+    name it in ``ASCEND_PATCH_TEST_REQUIRE`` (comma-separated), and a missing one
+    is then an error instead of a skip.
+    """
+    required = {n.strip() for n in os.environ.get("ASCEND_PATCH_TEST_REQUIRE", "").split(",")}
+    if module in required:
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"{module} is not installed in this environment")
+
+
+@pytest.fixture(scope="session")
+def np():
+    """numpy, or a skip (see :func:`require`)."""
+    return require("numpy")
+
+
+@pytest.fixture(scope="session")
+def torch_scatter():
+    """The real torch_scatter, or a skip (see :func:`require`)."""
+    module = require("torch_scatter")
+    assert getattr(module, "__file__", None), (
+        "torch_scatter is served by ascend-patch, not installed"
+    )
+    return module
 
 
 @pytest.fixture
