@@ -194,7 +194,8 @@ def _plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Findi
             Finding(
                 "warning",
                 "patch-collision",
-                f"{who} all patch {target}; the last one applied wins (an error in strict mode)",
+                f"{who} {'both' if len(patches) == 2 else 'all'} patch {target}; "
+                "the last one applied wins (an error in strict mode)",
             )
         )
     for patch, name in inventory.missing_dependencies():

@@ -243,7 +243,7 @@ def cann_info(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return info
 
 
-_DEVICE_ROW = re.compile(r"^\|\s*(\d+)\s+([A-Za-z][\w.-]*)\s*\|\s*([A-Za-z]+)\s*\|")
+_DEVICE_ROW = re.compile(r"^\|\s*(\d+)\s+(\w[\w.-]*)\s*\|\s*([A-Za-z]+)\s*\|")
 
 
 def npu_info(timeout: float = 10.0) -> dict[str, Any]:

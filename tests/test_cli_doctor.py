@@ -1,0 +1,440 @@
+"""``ascend-patch doctor``: the real CLI in a subprocess, against plugins, libraries, a torch_npu,
+a CANN toolkit and an ``npu-smi`` laid out on disk for the test.
+
+Distributions are "installed" as ``.dist-info`` directories on PYTHONPATH, which is
+where importlib.metadata finds them. (tests/test_cli_venv.py repeats the main case
+with distributions installed by pip into a fresh virtual environment.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+BIN = Path(sys.executable).parent
+CLI = BIN / "ascend-patch"
+
+DOC_PLUGIN = """
+    from ascend_patch_core import AtomicPatch, EnvSetting, Patch, SkipImport, hookimpl
+
+
+    def replacement(*args):
+        return "patched"
+
+
+    class DocGroup(Patch):
+        requires = "apx-doc-lib>=2.0"
+
+        @classmethod
+        def patches(cls, options=None):
+            return [AtomicPatch("apx_doc_lib.f", "apx_doc_plugin:replacement")]
+
+
+    @hookimpl
+    def configure_env():
+        return [EnvSetting("APX_DOC_SETTING", "1", why="the test says so")]
+
+
+    @hookimpl
+    def register_import_rules():
+        return [SkipImport("apx_cuda_only")]
+
+
+    @hookimpl
+    def register_patches():
+        return [
+            DocGroup,
+            AtomicPatch("apx_doc_lib.g", "apx_doc_plugin:replacement"),
+            AtomicPatch("apx_missing_lib.h", "apx_doc_plugin:replacement"),
+        ]
+    """
+
+TWIN_PLUGIN = """
+    from ascend_patch_core import AtomicPatch, hookimpl
+
+
+    @hookimpl
+    def register_patches():
+        return [AtomicPatch("apx_doc_lib.g", "apx_doc_twin:other", name="TwinG")]
+    """
+
+BROKEN_PLUGIN = """
+    import apx_nonexistent_dependency  # the distribution forgot a dependency
+    """
+
+# Importing the library leaves a mark: doctor must never do it.
+DOC_LIB = """
+    import os
+    open(os.environ["APX_DOC_MARK"], "w").close()
+
+    def f():
+        return "original"
+
+    def g():
+        return "original"
+    """
+
+NPU_SMI = """\
++------------------------------------------------------------------------------------------------+
+| npu-smi 24.1.0                   Version: 24.1.0                                               |
++---------------------------+---------------+----------------------------------------------------+
+| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
+| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
++===========================+===============+====================================================+
+| 0     910B3               | OK            | 88.3        37                0    / 0             |
+| 0                         | 0000:C1:00.0  | 0           0    / 0          3390 / 65536         |
++===========================+===============+====================================================+
+| 1     910B3               | Warning       | 90.1        38                0    / 0             |
+| 0                         | 0000:C2:00.0  | 0           0    / 0          3390 / 65536         |
++===========================+===============+====================================================+
+"""
+
+
+def write_dist(
+    site: Path,
+    dist: str,
+    version: str,
+    modules: dict[str, str] | None = None,
+    entry_points: dict[str, dict[str, str]] | None = None,
+) -> None:
+    """A distribution as importlib.metadata sees one: a .dist-info directory (plus its modules) on sys.path."""
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    if entry_points:
+        text = ""
+        for group, items in entry_points.items():
+            text += f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items())
+        (info / "entry_points.txt").write_text(text)
+    for name, source in (modules or {}).items():
+        (site / name).write_text(textwrap.dedent(source))
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    root = tmp_path / "site"
+    root.mkdir()
+    write_dist(
+        root,
+        "apx-doc",
+        "1.2.0",
+        {"apx_doc_plugin.py": DOC_PLUGIN},
+        {"ascend_patch": {"apx_doc": "apx_doc_plugin"}},
+    )
+    write_dist(
+        root,
+        "apx-doc-twin",
+        "0.3.0",
+        {"apx_doc_twin.py": TWIN_PLUGIN},
+        {"ascend_patch": {"apx_doc_twin": "apx_doc_twin"}},
+    )
+    write_dist(
+        root,
+        "apx-doc-broken",
+        "0.0.1",
+        {"apx_doc_broken.py": BROKEN_PLUGIN},
+        {"ascend_patch": {"apx_doc_broken": "apx_doc_broken"}},
+    )
+    write_dist(root, "apx-doc-lib", "1.0", {"apx_doc_lib.py": DOC_LIB})
+    return root
+
+
+def clean_env(tmp_path: Path, site: Path, **extra: str) -> dict[str, str]:
+    """No NPU-stack variables of the developer's shell leak in; npu-smi and CANN only where a test puts them."""
+    prefixes = (
+        "ASCEND_",
+        "PYTHON",
+        "HCCL_",
+        "NCCL_",
+        "CUDA_",
+        "PYTORCH_",
+        "TORCH_",
+        "TASK_QUEUE",
+        "LD_LIBRARY",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env["PATH"] = f"{BIN}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = str(site)
+    env["APX_DOC_MARK"] = str(tmp_path / "apx_doc_lib-was-imported")
+    env.update(extra)
+    return env
+
+
+def doctor(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, Any]:
+    cmd = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "ascend_patch_core._cli"]
+    done = subprocess.run(
+        [*cmd, "doctor", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert not done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout) if "--json" in args else done.stdout
+
+
+def findings(result: dict[str, Any], code: str) -> list[str]:
+    return [f["message"] for f in result["findings"] if f["code"] == code]
+
+
+def test_plugins_declarations_and_problems(tmp_path: Path, site: Path) -> None:
+    """doctor --json lists every plugin with provenance and declarations, finds the broken one, the collision and the typo; exit 1."""
+    env = clean_env(tmp_path, site, ASCEND_PATCH_DISABLE="apx_dco", APX_DOC_SETTING="2")
+
+    status, result = doctor(tmp_path, env, "--json")
+
+    assert status == 1
+    assert result["schema"] == "ascend-patch-doctor/1"
+    assert result["ok"] is False
+    plugins = {p["name"]: p for p in result["plugins"]}
+    assert {"apx_doc", "apx_doc_twin", "apx_doc_broken", "torch", "mmcv", "transformers"} <= set(
+        plugins
+    )
+
+    doc = plugins["apx_doc"]
+    assert (doc["status"], doc["distribution"], doc["version"]) == ("loaded", "apx-doc", "1.2.0")
+    assert doc["entry_point"] == "apx_doc = apx_doc_plugin"
+    assert doc["file"] == str(site / "apx_doc_plugin.py")
+    patches = {p["target"]: p for p in doc["patches"]}
+    assert set(patches) == {"apx_doc_lib.f", "apx_doc_lib.g", "apx_missing_lib.h"}
+    f = patches["apx_doc_lib.f"]
+    assert f["group"] == "DocGroup"
+    assert f["library"] == "apx_doc_lib" and f["library_installed"] is True
+    assert f["requires"] == [
+        {
+            "requirement": "apx-doc-lib>=2.0",
+            "satisfied": False,
+            "detail": "apx-doc-lib 1.0 is installed; the patch requires apx-doc-lib>=2.0",
+        }
+    ]
+    assert f["applicable"] is False
+    assert patches["apx_doc_lib.g"]["applicable"] is True
+    h = patches["apx_missing_lib.h"]
+    assert (h["library_installed"], h["applicable"]) == (False, False)
+    assert h["not_applicable_reason"] == "apx_missing_lib is not installed"
+    assert doc["rules"] == [
+        {"kind": "skip", "module": "apx_cuda_only", "description": "skip apx_cuda_only"}
+    ]
+    assert doc["env"] == [
+        {"name": "APX_DOC_SETTING", "value": "1", "why": "the test says so", "user_value": "2"}
+    ]
+
+    broken = plugins["apx_doc_broken"]
+    assert broken["status"] == "broken"
+    assert broken["distribution"] == "apx-doc-broken" and broken["version"] == "0.0.1"
+    assert "No module named 'apx_nonexistent_dependency'" in broken["reason"]
+    assert broken["patches"] == []
+
+    assert findings(result, "plugin-broken") == [broken["reason"]]
+    assert findings(result, "patch-collision") == [
+        "'apx_doc_lib.g' (plugin 'apx_doc') and 'TwinG' (plugin 'apx_doc_twin') both patch apx_doc_lib.g; "
+        "the last one applied wins (an error in strict mode)"
+    ]
+    assert findings(result, "unknown-name") == [
+        "ASCEND_PATCH_DISABLE names 'apx_dco', which is not an installed plugin (did you mean 'apx_doc'?)"
+    ]
+    assert findings(result, "env-overridden") == [
+        "plugin 'apx_doc' recommends APX_DOC_SETTING=1 (the test says so); you set APX_DOC_SETTING=2, which is kept"
+    ]
+    assert result["counts"]["error"] == 1
+    libraries = {lib["name"]: lib for lib in result["libraries"]}
+    assert libraries["apx_doc_lib"] == {
+        "name": "apx_doc_lib",
+        "installed": True,
+        "version": "1.0",  # the distribution apx-doc-lib, found by the import name
+        "patches": 3,
+        "applicable": 2,
+    }
+    assert libraries["apx_missing_lib"]["installed"] is False
+    assert not (tmp_path / "apx_doc_lib-was-imported").exists(), "doctor imported a target library"
+
+
+def test_the_text_report_is_concise_and_plain_when_not_a_tty(tmp_path: Path, site: Path) -> None:
+    """The human report names broken plugins and problems, has no colour codes off a TTY; -v adds every patch."""
+    env = clean_env(tmp_path, site)
+
+    status, text = doctor(tmp_path, env)
+    _, verbose = doctor(tmp_path, env, "-v")
+
+    assert status == 1
+    assert "\x1b[" not in text
+    assert "BROKEN  apx_doc_broken" in text
+    assert "plugin-broken" in text and "patch-collision" in text
+    assert "problems found: 1 error" in text
+    assert "apx_missing_lib.h" not in text  # patches only with -v
+    assert "apx_missing_lib.h" in verbose and "apx_missing_lib is not installed" in verbose
+    assert "requires apx-doc-lib>=2.0: apx-doc-lib 1.0 is installed" in verbose
+    assert "skip apx_cuda_only" in verbose
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD" in verbose and "(unset)" in verbose
+
+
+def test_colour_only_when_forced_or_on_a_tty(tmp_path: Path, site: Path) -> None:
+    """FORCE_COLOR turns colour on (as a TTY would); NO_COLOR wins over it."""
+    _, coloured = doctor(tmp_path, clean_env(tmp_path, site, FORCE_COLOR="1"))
+    _, plain = doctor(tmp_path, clean_env(tmp_path, site, FORCE_COLOR="1", NO_COLOR="1"))
+
+    assert "\x1b[31;1mBROKEN\x1b[0m" in coloured
+    assert "\x1b[" not in plain
+
+
+def test_selection_and_strict(tmp_path: Path, site: Path) -> None:
+    """--plugins leaves the others unselected (and the broken one unimported); warnings fail only with --strict."""
+    env = clean_env(tmp_path, site, CUDA_VISIBLE_DEVICES="0,1")
+
+    status, result = doctor(tmp_path, env, "--json", "--plugins", "apx_doc", "--disable", "DocGrop")
+    strict_status, strict = doctor(tmp_path, env, "--json", "--plugins", "apx_doc", "--strict")
+
+    plugins = {p["name"]: p["status"] for p in result["plugins"]}
+    assert plugins["apx_doc"] == "loaded"
+    assert plugins["apx_doc_broken"] == plugins["torch"] == "not selected"
+    assert result["selection"]["plugins"] == ["apx_doc"]
+    assert findings(result, "unknown-name") == [
+        "--disable names 'DocGrop', which matches no plugin, group or patch (did you mean 'DocGroup'?)"
+    ]
+    assert findings(result, "visible-devices") == [
+        "CUDA_VISIBLE_DEVICES=0,1 does not select NPUs; set ASCEND_RT_VISIBLE_DEVICES=0,1"
+    ]
+    assert (status, result["ok"]) == (0, True)
+    assert (strict_status, strict["ok"]) == (1, False)
+
+
+def _fake_stack(tmp_path: Path, site: Path, *, libs: bool) -> dict[str, str]:
+    """torch_npu 2.12.0 (with torch's backend-autoload entry point), a CANN toolkit and npu-smi, on disk."""
+    write_dist(
+        site,
+        "torch_npu",
+        "2.12.0",
+        entry_points={"torch.backends": {"torch_npu": "torch_npu:_autoload"}},
+    )
+    home = tmp_path / "Ascend" / "ascend-toolkit" / "latest"
+    (home / "x86_64-linux").mkdir(parents=True)
+    (home / "x86_64-linux" / "ascend_toolkit_install.info").write_text(
+        "package_name=Ascend-cann-toolkit\nversion=8.0.RC3\narch=x86_64\n"
+    )
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    smi = tools / "npu-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{NPU_SMI}EOF\n")
+    smi.chmod(0o755)
+    lib_dir = tmp_path / "lib64"
+    lib_dir.mkdir()
+    if libs:
+        for name in ("libascendcl.so", "libhccl.so"):
+            (lib_dir / name).write_text("")
+    env = clean_env(tmp_path, site, ASCEND_TOOLKIT_HOME=str(home), LD_LIBRARY_PATH=str(lib_dir))
+    env["PATH"] = f"{tools}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def test_the_npu_stack(tmp_path: Path, site: Path) -> None:
+    """torch_npu/torch pairing, import prediction, torch's autoload trap, CANN version and npu-smi devices."""
+    env = _fake_stack(tmp_path, site, libs=False)
+
+    status, result = doctor(tmp_path, env, "--json", "--plugins", "apx_doc")
+
+    stack = result["environment"]
+    npu = stack["torch_npu"]
+    assert npu["installed"] is True and npu["version"] == "2.12.0"
+    assert (
+        npu["expected_torch"] == "2.12.0" and npu["pairs_with_torch"] is False
+    )  # torch 2.13.0 here
+    assert npu["autoload_entry_point"] is True
+    assert (npu["importable"], npu["import_check"]) == (False, "static")
+    assert "libascendcl.so, libhccl.so not found on LD_LIBRARY_PATH" in npu["import_detail"]
+    assert stack["cann"]["found"] is True
+    assert stack["cann"]["version"] == "8.0.RC3"
+    assert stack["cann"]["home"] == str(tmp_path / "Ascend" / "ascend-toolkit" / "latest")
+    assert stack["npu"]["version"] == "24.1.0"
+    assert stack["npu"]["devices"] == [
+        {"id": 0, "name": "910B3", "health": "OK"},
+        {"id": 1, "name": "910B3", "health": "Warning"},
+    ]
+    assert findings(result, "torch-npu-mismatch") == [
+        f"torch_npu 2.12.0 pairs with torch 2.12.0, but torch {stack['torch']['version']} is installed: "
+        "pip install torch==2.12.0 (or the torch_npu release for your torch)"
+    ]
+    assert len(findings(result, "torch-import-breaks")) == 1
+    assert status == 1
+
+
+def test_autoload_off_and_cann_libraries_clear_the_import_errors(
+    tmp_path: Path, site: Path
+) -> None:
+    """With CANN's libraries on LD_LIBRARY_PATH torch_npu is predicted importable; AUTOLOAD=0 alone also defuses the trap."""
+    with_libs = _fake_stack(tmp_path, site, libs=True)
+    _, predicted = doctor(tmp_path, with_libs, "--json", "--plugins", "apx_doc")
+    (tmp_path / "lib64" / "libhccl.so").unlink()
+    autoload_off = dict(with_libs, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    _, defused = doctor(tmp_path, autoload_off, "--json", "--plugins", "apx_doc")
+
+    assert predicted["environment"]["torch_npu"]["importable"] is True
+    assert findings(predicted, "torch-import-breaks") == []
+    assert defused["environment"]["torch_npu"]["importable"] is False
+    assert findings(defused, "torch-import-breaks") == []
+
+
+@pytest.mark.parametrize(
+    ("variables", "code"),
+    [
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "alloc-conf"),
+        ({"NCCL_SOCKET_IFNAME": "eth0"}, "socket-ifname"),
+        ({"TASK_QUEUE_ENABLE": "0"}, "task-queue"),
+        ({"ASCEND_LAUNCH_BLOCKING": "1"}, "launch-blocking"),
+        ({"ASCEND_GLOBAL_LOG_LEVEL": "0"}, "log-level"),
+    ],
+)
+def test_variable_advice(tmp_path: Path, site: Path, variables: dict[str, str], code: str) -> None:
+    """CUDA-era variables that do nothing on an NPU, and NPU settings that slow it, get advice; they show in the report."""
+    env = clean_env(tmp_path, site, **variables)
+
+    _, result = doctor(tmp_path, env, "--json", "--plugins", "apx_doc")
+
+    assert len(findings(result, code)) == 1
+    shown = {v["name"]: v["value"] for v in result["environment"]["variables"]}
+    for name, value in variables.items():
+        if name in shown:
+            assert shown[name] == value
+
+
+def test_cann_on_disk_without_its_environment(tmp_path: Path, site: Path) -> None:
+    """A CANN toolkit found only by its default location (set_env.sh not sourced) gets the source advice."""
+    from ascend_patch_core import _environment
+
+    home = tmp_path / "ascend-toolkit" / "latest"
+    (home / "compiler").mkdir(parents=True)
+    (home / "compiler" / "version.info").write_text("Version=7.0.0\n")
+    original = _environment._CANN_ROOTS
+    _environment._CANN_ROOTS = (str(home),)
+    try:
+        cann = _environment.cann_info({})
+    finally:
+        _environment._CANN_ROOTS = original
+    facts = {
+        "torch_npu": {"installed": False, "autoload_entry_point": False, "importable": None},
+        "cann": cann,
+    }
+    _, advice = _environment.variable_findings(facts, {})
+
+    assert (cann["found"], cann["version"], cann["found_by"]) == (True, "7.0.0", "default location")
+    assert cann["set_env_sourced"] is False
+    assert [a.code for a in advice] == ["cann-env"]
+    assert str(tmp_path / "ascend-toolkit" / "set_env.sh") in advice[0].message
+
+
+@pytest.mark.slow
+def test_try_import_really_imports(tmp_path: Path, site: Path) -> None:
+    """--try-import imports torch and torch_npu in a child: here torch's autoload of the fake torch_npu fails, and says so."""
+    env = _fake_stack(tmp_path, site, libs=True)
+
+    status, result = doctor(tmp_path, env, "--json", "--plugins", "apx_doc", "--try-import")
+
+    npu = result["environment"]["torch_npu"]
+    assert (npu["importable"], npu["import_check"]) == (False, "import")
+    assert "torch_npu" in npu["import_detail"]
+    assert len(findings(result, "torch-npu-import")) == 1
+    assert status == 1
