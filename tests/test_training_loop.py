@@ -25,11 +25,15 @@ def traced_steps(directory: Path) -> list[list[int]]:
     for path in sorted(directory.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime_ns):
         events = json.loads(path.read_text())["traceEvents"]
         names = {e.get("name", "") for e in events}
-        files.append(sorted(int(n.split("#")[1]) + 1 for n in names if n.startswith("ProfilerStep#")))
+        files.append(
+            sorted(int(n.split("#")[1]) + 1 for n in names if n.startswith("ProfilerStep#"))
+        )
     return files
 
 
-def train(steps: int, state: dict | None = None, *, scaler=None, skip: tuple[int, ...] = ()) -> dict:
+def train(
+    steps: int, state: dict | None = None, *, scaler=None, skip: tuple[int, ...] = ()
+) -> dict:
     """A plain loop; ``state`` (returned) gets the model, the optimizer and the iterations that completed."""
     state = {} if state is None else state
     torch.manual_seed(0)
@@ -141,17 +145,25 @@ def test_steps_skipped_by_grad_scaler_still_count(patcher: Patcher) -> None:
     assert adam_steps(state["optimizer"]) == 2
 
 
-def test_brake_flushes_the_profiler_inside_an_active_window(tmp_path: Path, patcher: Patcher) -> None:
+def test_brake_flushes_the_profiler_inside_an_active_window(
+    tmp_path: Path, patcher: Patcher
+) -> None:
     """A brake in the middle of the active steps writes the trace with the steps run so far."""
     trace = tmp_path / "trace"
-    report = patcher.with_profiling(str(trace), skip_first=1, wait=0, warmup=1, active=5, repeat=0).brake_at(5).apply()
+    report = (
+        patcher.with_profiling(str(trace), skip_first=1, wait=0, warmup=1, active=5, repeat=0)
+        .brake_at(5)
+        .apply()
+    )
     with pytest.raises(SystemExit):
         train(20)
     assert traced_steps(trace) == [[3, 4, 5]]
     assert "flushed by the brake" in (report.get("profiling").reason or "")
 
 
-def test_the_profiler_starts_at_the_first_forward_not_at_apply(tmp_path: Path, patcher: Patcher) -> None:
+def test_the_profiler_starts_at_the_first_forward_not_at_apply(
+    tmp_path: Path, patcher: Patcher
+) -> None:
     """Step 1 of a plain loop begins at the first forward: model setup before it is not traced."""
     trace = tmp_path / "trace"
     patcher.with_profiling(str(trace), skip_first=0, wait=0, warmup=0, active=1, repeat=0).apply()
@@ -251,7 +263,9 @@ def test_on_an_npu_torch_npu_profiler_gets_the_schedule_by_keyword(
     package.profiler = recorder  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch_npu", package)
     monkeypatch.setitem(sys.modules, "torch_npu.profiler", recorder)  # type: ignore[arg-type]
-    options = ProfilingOptions(str(tmp_path), level, skip_first=7, wait=2, warmup=5, active=10, repeat=1)
+    options = ProfilingOptions(
+        str(tmp_path), level, skip_first=7, wait=2, warmup=5, active=10, repeat=1
+    )
     profiler, backend = _build_profiler(options)
     assert (profiler, backend) == ("profiler", "torch_npu.profiler")
     assert recorder.calls["schedule"] == dict(skip_first=7, wait=2, warmup=5, active=10, repeat=2)

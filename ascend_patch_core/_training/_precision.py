@@ -308,6 +308,7 @@ class _Pending(NamedTuple):
     inputs: tuple[tuple[Any, ...], dict[str, Any]]
     grad_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None
     rng: Any
+    buffers: Any
 
 
 class PrecisionCheck:
@@ -580,6 +581,7 @@ class PrecisionCheck:
             return
         import torch
 
+        from ._rerun import Buffers
         from ._rerun import clone_inputs
 
         args, kwargs, names = _frame_arguments(frame)
@@ -594,6 +596,7 @@ class PrecisionCheck:
             clone_inputs(args, kwargs),
             grad_inputs,
             torch.get_rng_state(),
+            Buffers(names, (args, kwargs)),
         )
 
     def _on_return(self, pending: _Pending, result: Any) -> None:
@@ -610,6 +613,7 @@ class PrecisionCheck:
             pending.inputs,
             pending.grad_inputs,
             pending.rng,
+            pending.buffers,
             self.options.thresholds,
         )
         found = state.record.result

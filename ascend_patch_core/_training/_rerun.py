@@ -1,11 +1,12 @@
 """Running the original (and, for gradients, both sides) again on copies of live inputs.
 
 Copies keep the live call untouched: tensors are cloned at the call event, before the
-replacement can modify them in place; a module argument is the live module itself,
-so its buffers (running statistics, counters) are saved before the extra run and
-put back after it; the RNG state of the live call is restored for each extra run
-and the live one is restored afterwards (``fork_rng``). Imported only when a check
-runs (it imports torch).
+replacement can modify them in place. A module argument is the live module itself:
+its buffers (running statistics, counters) are saved at the call event too, loaded
+for each extra run (so the original sees the state the replacement saw) and set
+back to their live values afterwards. Likewise the RNG state of the call is
+restored for each extra run and the live one afterwards (``fork_rng``). Imported
+only when a check runs (it imports torch).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ._compare import has_tensor
 from ._compare import tensor_leaves
 
 
-__all__ = ["Outcome", "clone_inputs", "run_comparison"]
+__all__ = ["Buffers", "Outcome", "clone_inputs", "run_comparison"]
 
 Arguments = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -72,21 +73,22 @@ def _modules(names: list[str], args: Arguments) -> list[tuple[str, torch.nn.Modu
     return found
 
 
-class _Buffers:
-    """Saves every buffer of some modules and puts the values back."""
+class Buffers:
+    """The values of every buffer of the module arguments of a call, to load back later."""
 
-    def __init__(self, modules: list[tuple[str, torch.nn.Module]]) -> None:
+    def __init__(self, names: list[str], inputs: Arguments) -> None:
         self._saved = [
             (buffer, buffer.detach().clone())
-            for _, module in modules
+            for _, module in _modules(names, inputs)
             for buffer in module.buffers()
             if buffer is not None
         ]
 
-    def restore(self) -> None:
+    def load(self) -> None:
         with torch.no_grad():
             for buffer, value in self._saved:
-                buffer.copy_(value)
+                if buffer.shape == value.shape:
+                    buffer.copy_(value)
 
 
 def run_comparison(
@@ -97,14 +99,15 @@ def run_comparison(
     inputs: Arguments,
     grad_inputs: Arguments | None,
     rng: torch.Tensor,
+    buffers_at_call: Buffers,
     thresholds: Mapping[str, tuple[float, float]],
 ) -> Outcome:
     """Run the original on ``inputs`` and compare with the live result (and gradients)."""
     if not has_tensor(live_result):
         return Outcome(no_tensor=True)
-    modules = _modules(names, inputs)
-    buffers = _Buffers(modules)
+    live_buffers = Buffers(names, inputs)
     try:
+        buffers_at_call.load()
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(rng)
             with torch.no_grad():
@@ -114,12 +117,12 @@ def run_comparison(
             error=f"the original raised {type(exc).__name__} on the replacement's arguments: {exc}"
         )
     finally:
-        buffers.restore()
+        live_buffers.load()
     deviations = compare(live_result, expected, thresholds)
     if grad_inputs is None:
         return Outcome(deviations=tuple(deviations))
     gradient, notes = _compare_gradients(
-        replacement, original, names, grad_inputs, modules, rng, thresholds
+        replacement, original, names, grad_inputs, rng, buffers_at_call, thresholds
     )
     return Outcome(
         deviations=tuple(deviations), gradient_deviations=tuple(gradient), notes=tuple(notes)
@@ -153,12 +156,13 @@ def _compare_gradients(
     original: Callable[..., Any],
     names: list[str],
     grad_inputs: Arguments,
-    modules: list[tuple[str, torch.nn.Module]],
     rng: torch.Tensor,
+    buffers_at_call: Buffers,
     thresholds: Mapping[str, tuple[float, float]],
 ) -> tuple[list[Deviation], list[str]]:
     side_r = grad_inputs
     side_o = clone_inputs(*grad_inputs)
+    modules = _modules(names, side_r)
     leaves_r = _grad_leaves(names, side_r)
     leaves_o = _grad_leaves(names, side_o)
     parameters = [
@@ -169,17 +173,19 @@ def _compare_gradients(
     ]
     if not leaves_r and not parameters:
         return [], []
-    buffers = _Buffers(modules)
+    live_buffers = Buffers(names, side_r)
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            buffers_at_call.load()
             torch.set_rng_state(rng)
             out_r = replacement(*side_r[0], **side_r[1])
+            buffers_at_call.load()
             torch.set_rng_state(rng)
             out_o = original(*side_o[0], **side_o[1])
     except Exception as exc:
         return [], [f"gradients not compared: a re-run raised {type(exc).__name__}: {exc}"]
     finally:
-        buffers.restore()
+        live_buffers.load()
     outs_r, outs_o = _differentiable(out_r), _differentiable(out_o)
     if not outs_o:
         return [], []
