@@ -25,6 +25,25 @@ def _version() -> str:
         return "unknown"
 
 
+def _version_text(*, verbose: bool) -> str:
+    import os
+    import platform
+
+    import ascend_patch_core
+
+    where = os.path.dirname(os.path.abspath(ascend_patch_core.__file__ or "."))
+    lines = [f"ascend-patch {_version()} ({where}, Python {platform.python_version()})"]
+    if verbose:
+        # From metadata only, like doctor: no plugin is imported to list it.
+        from ._declarations import FreshMetadata
+        from ._hookspecs import PROJECT_NAME
+
+        plugins = FreshMetadata().entry_points(PROJECT_NAME)
+        lines.append("registered plugins:" if plugins else "registered plugins: none")
+        lines.extend(f"  {ep.name}: {ep.distribution} {ep.version} ({ep.value})" for ep in plugins)
+    return "\n".join(lines)
+
+
 def _selection_options(parser: argparse.ArgumentParser, *, what: str) -> None:
     parser.add_argument(
         "--disable",
@@ -49,7 +68,12 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         prog="ascend-patch",
         description="Run CUDA-era PyTorch code on Ascend NPUs without editing it.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--version",
+        action="count",
+        default=0,
+        help="show the version; twice (--version --version) also the installed plugins",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     report = commands.add_parser(
@@ -87,15 +111,19 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "run",
         help="run a script or module with the patches applied, in every process it starts",
         usage="%(prog)s [options] (script.py | -m module) [args ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Run an unmodified program with the patches applied before its first line, "
-            "in this process and in every process it starts (DataLoader workers, "
-            "multiprocessing children, torchrun ranks). sys.argv, __main__, sys.path[0] "
+            "Run an unmodified program with the patches applied before its first line,\n"
+            "in this process and in every process it starts (DataLoader workers,\n"
+            "multiprocessing children, torchrun ranks). sys.argv, __main__, sys.path[0]\n"
             "and the exit status are those of `python script.py` / `python -m module`."
         ),
         epilog=(
-            "Options go before the script; everything after it belongs to the program. "
-            "torchrun: ascend-patch run -m torch.distributed.run --nproc-per-node 2 train.py"
+            "Options go before the program; everything after it belongs to the program.\n\n"
+            "examples:\n"
+            "  ascend-patch run train.py --lr 0.1\n"
+            "  ascend-patch run --emulate-npu --report run.json -m mypkg.train\n"
+            "  ascend-patch run -m torch.distributed.run --nproc-per-node 2 train.py"
         ),
     )
     _selection_options(run, what="to disable")
@@ -154,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "run":
         return _run(run_parser, args[1:])
     ns = parser.parse_args(args)
+    if ns.version:
+        print(_version_text(verbose=ns.version > 1))
+        return 0
     if ns.command is None:
         parser.print_help()
         return 2

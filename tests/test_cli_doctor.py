@@ -438,3 +438,21 @@ def test_try_import_really_imports(tmp_path: Path, site: Path) -> None:
     assert "torch_npu" in npu["import_detail"]
     assert len(findings(result, "torch-npu-import")) == 1
     assert status == 1
+
+
+def test_version_twice_lists_the_plugins(tmp_path: Path, site: Path) -> None:
+    """--version prints the core's version and place; given twice (as pytest's) also every registered plugin."""
+    cmd = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "ascend_patch_core._cli"]
+    env = clean_env(tmp_path, site)
+    once = subprocess.run([*cmd, "--version"], env=env, capture_output=True, text=True, timeout=60)
+    twice = subprocess.run(
+        [*cmd, "--version", "--version"], env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert once.returncode == twice.returncode == 0
+    assert once.stdout.startswith("ascend-patch ") and "registered plugins" not in once.stdout
+    assert "registered plugins:" in twice.stdout
+    assert (
+        "  apx_doc_broken: apx-doc-broken 0.0.1 (apx_doc_broken)\n" in twice.stdout
+    )  # listed, not imported
+    assert "  apx_doc: apx-doc 1.2.0 (apx_doc_plugin)\n" in twice.stdout
