@@ -19,3 +19,23 @@ def emulated(emulated_torch_npu_version: str) -> Iterator[EmulatorHandle]:
     yield handle
     if not was_active:
         handle.deactivate()
+
+
+@pytest.fixture(scope="session")
+def assert_close():
+    """``assert_close(actual, expected)``: ``expected`` is a float64 reference; tolerance by ``actual``'s dtype."""
+    import torch
+
+    from ascend_patch_core.pytest_plugin import tolerance_for
+
+    def check(actual, expected, *, dtype=None, rtol=None, atol=None):
+        chosen_rtol, chosen_atol = tolerance_for(dtype or actual.dtype)
+        torch.testing.assert_close(
+            actual.double(),
+            expected.double(),
+            rtol=chosen_rtol if rtol is None else rtol,
+            atol=chosen_atol if atol is None else atol,
+            equal_nan=True,
+        )
+
+    return check

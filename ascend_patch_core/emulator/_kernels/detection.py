@@ -152,8 +152,9 @@ def roi_align(
         if not aligned:
             roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
         bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
-        grid_h = sample_num if sample_num > 0 else max(math.ceil(roi_h / pooled_height), 1)
-        grid_w = sample_num if sample_num > 0 else max(math.ceil(roi_w / pooled_width), 1)
+        # Adaptive sampling can give 0 samples for an empty roi: its bins are 0, as in torchvision.
+        grid_h = sample_num if sample_num > 0 else max(math.ceil(roi_h / pooled_height), 0)
+        grid_w = sample_num if sample_num > 0 else max(math.ceil(roi_w / pooled_width), 0)
         iy = torch.arange(pooled_height, dtype=wide)[:, None] * bin_h + (
             torch.arange(grid_h, dtype=wide)[None, :] + 0.5
         ) * (bin_h / grid_h)
@@ -163,5 +164,5 @@ def roi_align(
         ys = (y1 + iy).view(pooled_height, grid_h, 1, 1).expand(-1, -1, pooled_width, grid_w)
         xs = (x1 + ix).view(1, 1, pooled_width, grid_w).expand(pooled_height, grid_h, -1, -1)
         samples = _bilinear(features[batch], ys, xs)
-        out[r] = samples.sum((2, 4)) / (grid_h * grid_w)
+        out[r] = samples.sum((2, 4)) / max(grid_h * grid_w, 1)
     return out.to(self.dtype)

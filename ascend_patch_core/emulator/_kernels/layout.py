@@ -22,8 +22,8 @@ def confusion_transpose(
 ) -> Any:
     """``permute(perm)`` then ``view(shape)``, or ``view(shape)`` then ``permute(perm)``."""
     if transpose_first:
-        return self.permute(*perm).contiguous().view(*shape).clone()
-    return self.reshape(*shape).permute(*perm).contiguous()
+        return self.permute(*perm).reshape(*shape).clone(memory_format=torch.contiguous_format)
+    return self.reshape(*shape).permute(*perm).clone(memory_format=torch.contiguous_format)
 
 
 #: The ACL format each emulated tensor was cast to (``torch_npu.Format`` ids).

@@ -53,11 +53,12 @@ def _activation(y: Any, act_type: int | None) -> Any:
     raise _fail(f"act_type {act_type} is not emulated (0, 1, 2, 4, 5 are)")
 
 
-def _per_group(tensors: Sequence[Any] | None, count: int, name: str) -> list[Any]:
+def _per_group(tensors: Sequence[Any] | None, count: int, name: str, dims: int) -> list[Any]:
+    """One tensor per group: a list of ``dims``-D tensors, or one stacked ``dims + 1``-D tensor."""
     if tensors is None:
         return [None] * count
-    if len(tensors) == 1 and count > 1 and tensors[0].dim() >= 2 and tensors[0].shape[0] == count:
-        return list(tensors[0].unbind(0))
+    if len(tensors) == 1 and tensors[0].dim() == dims + 1:
+        tensors = list(tensors[0].unbind(0))
     if len(tensors) != count:
         raise _fail(f"{name} has {len(tensors)} tensors for {count} groups")
     return list(tensors)
@@ -104,15 +105,15 @@ def _grouped_matmul(
     dtype = x[0].dtype
     wide = compute_dtype(x[0])
     if group_type is None or group_type == -1:
-        weights = _per_group(weight, len(x), "weight")
-        biases = _per_group(bias, len(x), "bias")
+        weights = _per_group(weight, len(x), "weight", 2)
+        biases = _per_group(bias, len(x), "bias", 1)
         pieces = [xi.to(wide) @ wi.to(wide) for xi, wi in zip(x, weights, strict=True)]
     elif group_type == 0:
         if len(x) != 1:
             raise _fail("group_type 0 takes x as one [M, K] tensor")
         spans = _row_spans(group_list, group_list_type, x[0].shape[0])
-        weights = _per_group(weight, len(spans), "weight")
-        biases = _per_group(bias, len(spans), "bias")
+        weights = _per_group(weight, len(spans), "weight", 2)
+        biases = _per_group(bias, len(spans), "bias", 1)
         rows = x[0].to(wide)
         pieces = [rows[s:e] @ w.to(wide) for (s, e), w in zip(spans, weights, strict=True)]
     else:
