@@ -32,6 +32,7 @@ from .runtime import npu_runtime_importable
 __all__ = [
     "HCCL",
     "Distributed",
+    "emulated",
     "is_hccl_available",
     "names_nccl",
     "npu_backend",
@@ -59,12 +60,14 @@ def names_nccl(backend: object) -> bool:
     )
 
 
+def emulated() -> bool:
+    """Whether torch_npu is the NPU emulator's (its NPU tensors are CPU tensors)."""
+    return bool(getattr(sys.modules.get("torch_npu"), "__emulated__", False))
+
+
 def npu_backend() -> str:
     """The collective backend for NPU tensors: ``hccl``, or ``gloo`` under the NPU emulator."""
-    torch_npu = sys.modules.get("torch_npu")
-    if getattr(torch_npu, "__emulated__", False):
-        return "gloo"  # emulated NPU tensors are CPU tensors
-    return HCCL
+    return "gloo" if emulated() else HCCL
 
 
 def to_hccl_backend(backend: Any) -> Any:
@@ -130,6 +133,39 @@ def _backend_patch(name: str, backend: Param, devices: tuple[Param, ...]) -> Ato
     )
 
 
+_DDP_DEVICES = (Param(2, "device_ids", many=True), Param(3, "output_device"))
+_ddp_names_cuda = cuda_check(_DDP_DEVICES)
+
+
+def _ddp_check(*args: Any, **kwargs: Any) -> bool:
+    if _ddp_names_cuda(*args, **kwargs):
+        return True
+    return emulated() and any(
+        p.position is not None
+        and (args[p.position] if p.position < len(args) else kwargs.get(p.keyword or ""))
+        is not None
+        for p in _DDP_DEVICES
+    )
+
+
+def _ddp_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def on_npu(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = rewrite_call(_DDP_DEVICES, args, kwargs)
+        if emulated():
+            # Emulated NPU parameters are CPU tensors, and DDP takes no device ids for
+            # CPU modules: on the emulator the ids name the one device there is.
+            for param in _DDP_DEVICES:
+                assert param.position is not None and param.keyword is not None
+                if param.position < len(args):
+                    args = (*args[: param.position], None, *args[param.position + 1 :])
+                elif param.keyword in kwargs:
+                    kwargs = {**kwargs, param.keyword: None}
+        return original(*args, **kwargs)
+
+    return on_npu
+
+
 def is_hccl_available() -> bool:
     """``is_nccl_available`` on the NPU: whether the hccl backend can be used."""
     dist = sys.modules["torch.distributed"]
@@ -157,9 +193,11 @@ class Distributed(Patch):
             precheck=npu_runtime_importable,
             aliases=("torch.distributed.is_nccl_available",),
         )
-        yield redirect_patch(
+        yield AtomicPatch(
             "torch.nn.parallel.distributed.DistributedDataParallel.__init__",
-            (Param(2, "device_ids", many=True), Param(3, "output_device")),
+            target_wrapper=_ddp_rewriter,
+            runtime_check=_ddp_check,
+            precheck=npu_runtime_importable,
         )
         yield redirect_patch(
             "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel.__init__",

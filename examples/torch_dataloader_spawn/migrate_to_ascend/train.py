@@ -1,0 +1,21 @@
+"""Ascend entry point (the seed's layout): apply ascend-patch, then run the unmodified train.py.
+
+    python migrate_to_ascend/train.py [train.py's arguments]
+
+On an Ascend machine torch_npu runs it on the NPU; ``ascend-patch run --emulate-npu
+migrate_to_ascend/train.py`` runs the same code paths on the CPU.
+"""
+
+import pathlib
+import runpy
+import sys
+
+import ascend_patch_core
+
+
+ascend_patch_core.apply()
+
+project = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(project))
+sys.argv[0] = str(project / "train.py")
+runpy.run_path(str(project / "train.py"), run_name="__main__")
