@@ -65,6 +65,42 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy")
 
 
+def training_stack_tests(
+    session: nox.Session, stack: str, requirements: str, *install_args: str
+) -> None:
+    """Install one training framework beside the project and run its training-utility tests.
+
+    ASCEND_PATCH_TEST_REQUIRE makes those tests fail, instead of skip, when the
+    framework does not import: in its own session a missing stack is an error.
+    """
+    install_project(session)
+    session.install(*install_args, "-r", f"requirements/{requirements}")
+    session.run(
+        "pytest",
+        f"tests/test_training_{stack}.py",
+        *session.posargs,
+        env={"ASCEND_PATCH_TEST_REQUIRE": stack},
+    )
+
+
+@nox.session(python=PYTHON, tags=["ci"])
+def training_mmengine(session: nox.Session) -> None:
+    """Profiling and brake under mmengine's Runner (epoch- and iteration-based loops)."""
+    training_stack_tests(session, "mmengine", "training-mmengine.txt")
+
+
+@nox.session(python=PYTHON, tags=["ci"])
+def training_mmcv1(session: nox.Session) -> None:
+    """Profiling and brake under mmcv 1.x's EpochBasedRunner and IterBasedRunner."""
+    training_stack_tests(session, "mmcv1", "training-mmcv1.txt", "--no-build-isolation")
+
+
+@nox.session(python=PYTHON, tags=["ci"])
+def training_hf(session: nox.Session) -> None:
+    """Profiling and brake under the Hugging Face Trainer (transformers + accelerate)."""
+    training_stack_tests(session, "hf", "training-hf.txt")
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Run the benchmarks (benchmarks/run.py). Extra args go to the script."""

@@ -73,11 +73,11 @@ def loop_patches(host: LoopHost) -> list[AtomicPatch]:
         ),
         patch(
             "mmcv.runner.epoch_based_runner:EpochBasedRunner.run",
-            functools.partial(_mmcv_run, host, "mmcv EpochBasedRunner"),
+            functools.partial(_mmcv_run, host, "the mmcv EpochBasedRunner"),
         ),
         patch(
             "mmcv.runner.iter_based_runner:IterBasedRunner.run",
-            functools.partial(_mmcv_run, host, "mmcv IterBasedRunner"),
+            functools.partial(_mmcv_run, host, "the mmcv IterBasedRunner"),
         ),
         patch(
             "mmcv.runner.epoch_based_runner:EpochBasedRunner.train",
