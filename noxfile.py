@@ -101,6 +101,55 @@ def training_hf(session: nox.Session) -> None:
     training_stack_tests(session, "hf", "training-hf.txt")
 
 
+TORCH_SCATTER = "torch-scatter==2.1.2"
+
+
+def torch_scatter_wheels(session: nox.Session) -> Path:
+    """A folder holding a torch_scatter wheel built for this session's torch.
+
+    torch_scatter ships only an sdist whose build takes ~5 min on 2 cores, so the
+    wheel is built once per torch version and kept (ASCEND_PATCH_WHEEL_CACHE, default
+    ~/.cache/ascend-patch/wheels); CI keeps that folder between runs to skip the build.
+    """
+    import os
+
+    torch_version = session.run(
+        "python", "-c", "import torch; print(torch.__version__)", silent=True
+    )
+    root = Path(
+        os.environ.get(
+            "ASCEND_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "ascend-patch" / "wheels"
+        )
+    )
+    folder = root / f"torch-{str(torch_version).strip()}"
+    if not any(folder.glob("torch_scatter-2.1.2-*.whl")):
+        session.log(f"building {TORCH_SCATTER} from source into {folder} (about 5 minutes, once)")
+        session.run(
+            "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(folder), TORCH_SCATTER
+        )
+    return folder
+
+
+@nox.session(python=PYTHON, tags=["ci"])
+def torch_plugin(session: nox.Session) -> None:
+    """The torch plugin's tests with numpy and a real torch_scatter (compared with ours).
+
+    The examples (marked slow) already run in the tests session, so they are left out here.
+    """
+    install_project(session)
+    session.install("-r", "requirements/torch-plugin.txt")
+    wheels = torch_scatter_wheels(session)
+    session.install("--no-index", "--find-links", str(wheels), TORCH_SCATTER)
+    session.run(
+        "pytest",
+        "plugins/torch_npu_ops",
+        "-m",
+        "not slow",
+        *session.posargs,
+        env={"ASCEND_PATCH_TEST_REQUIRE": "numpy,torch_scatter"},
+    )
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Run the benchmarks (benchmarks/run.py). Extra args go to the script."""
