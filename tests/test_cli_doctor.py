@@ -456,3 +456,26 @@ def test_version_twice_lists_the_plugins(tmp_path: Path, site: Path) -> None:
         "  apx_doc_broken: apx-doc-broken 0.0.1 (apx_doc_broken)\n" in twice.stdout
     )  # listed, not imported
     assert "  apx_doc: apx-doc 1.2.0 (apx_doc_plugin)\n" in twice.stdout
+
+
+def test_doctor_and_scan_import_no_torch_with_the_real_plugins(tmp_path: Path) -> None:
+    """With the first-party plugins (hundreds of torch patches) installed, doctor and scan never import torch or torch_npu."""
+    probe = textwrap.dedent(
+        f"""
+        import contextlib, io, sys
+        from ascend_patch_core import _cli
+        with contextlib.redirect_stdout(io.StringIO()):
+            _cli.main(["doctor", "--json"])
+            _cli.main(["scan", {str(Path(__file__).parent / "data" / "scan_fixture")!r}])
+        print(sorted(m for m in ("torch", "torch_npu", "transformers", "mmcv") if m in sys.modules))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
+    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
+
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
