@@ -275,3 +275,17 @@ def test_on_an_npu_torch_npu_profiler_gets_the_schedule_by_keyword(
     assert kwargs["with_stack"] is (level == 2) and kwargs["profile_memory"] is (level == 2)
     assert recorder.calls["experimental"] == {"profiler_level": ["L0", "L1", "L2"][level]}
     assert recorder.calls["handler"] == str(tmp_path)
+
+
+def test_apply_revert_apply_counts_from_zero_again(patcher: Patcher) -> None:
+    """Each apply() starts a new count: the brake of the second one fires after its own N steps."""
+    patcher.brake_at(2)
+    patcher.apply()
+    train(1)
+    patcher.revert()
+    report = patcher.apply()
+    state: dict = {}
+    with pytest.raises(SystemExit):
+        train(5, state)
+    assert adam_steps(state["optimizer"]) == 2
+    assert report.get("brake").status is Status.APPLIED

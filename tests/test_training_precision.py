@@ -472,3 +472,35 @@ def test_msprobe_precision_debugger_runs_around_each_training_step(
         "stop",
     ]
     assert report.get("msprobe").status is Status.APPLIED
+
+
+def test_a_patch_applied_after_the_checks_paused_is_still_checked(
+    make_package, patcher: Patcher
+) -> None:
+    """The profile function leaves when the known patches are done, and comes back for one imported later."""
+    first = make_package({"layers.py": LAYERS, "fused.py": FUSED})
+    later = make_package({"layers.py": LAYERS, "fused.py": FUSED})
+    report = (
+        patcher.add(rms_patch(first, "rms_norm"), rms_patch(later, "rms_norm_wrong_eps"))
+        .with_precision_check(first=1)
+        .apply()
+    )
+    __import__(f"{first}.layers", fromlist=["RMSNorm"]).RMSNorm(4)(torch.randn(2, 4))
+    later_layers = __import__(f"{later}.layers", fromlist=["RMSNorm"])
+    later_layers.RMSNorm(4)(torch.randn(2, 4))
+    assert report.get(f"{first}.layers.RMSNorm.forward", kind="precision").status is Status.APPLIED
+    assert report.get(f"{later}.layers.RMSNorm.forward", kind="precision").status is Status.FAILED
+    assert sys.getprofile() is None
+
+
+def test_apply_revert_apply_starts_afresh(pkg: str, patcher: Patcher) -> None:
+    """A second apply() after revert() checks again from the first call, with new records."""
+    patcher.add(rms_patch(pkg, "rms_norm_wrong_eps")).with_precision_check(first=1)
+    for _ in range(2):
+        report = patcher.apply()
+        layers = __import__(f"{pkg}.layers", fromlist=["RMSNorm"])
+        layers.RMSNorm(4)(torch.randn(2, 4))
+        record = report.get(f"{pkg}.layers.RMSNorm.forward", kind="precision")
+        assert record.status is Status.FAILED and record.as_dict()["precision"]["checked"] == 1
+        patcher.revert()
+        assert sys.getprofile() is None

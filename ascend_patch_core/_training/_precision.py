@@ -324,6 +324,9 @@ class PrecisionCheck:
         self._pending: dict[int, _Pending] = {}
         self._countdown = _REFRESH_EVERY
         self._installed = False
+        self._started = False
+        #: Someone else's profile function was there: never replace it.
+        self._blocked = False
         self._closed = False
         self._seen_names: set[str] = set()
         #: Import-hub watches on the packages of patches not applied yet, by root package.
@@ -343,8 +346,17 @@ class PrecisionCheck:
         if self.options.patches == ():
             self.summary.set(Status.APPLIED, "no patch selected (patches=())")
             return
+        self._started = True
+        self._install()
+        self._update_summary()
+
+    def _install(self) -> None:
+        """Observe calls (again, after a pause with nothing to check)."""
+        if self._closed or self._blocked or self._installed or not self._started:
+            return
         current = sys.getprofile()
-        if current is not None and current is not self._profile:
+        if current is not None and current != self._profile:
+            self._blocked = True
             self.summary.set(
                 Status.SKIPPED,
                 f"another profile function is active ({current!r}); the precision check "
@@ -354,7 +366,6 @@ class PrecisionCheck:
         sys.setprofile(self._profile)
         threading.setprofile(self._profile)
         self._installed = True
-        self._update_summary()
 
     def stop(self) -> None:
         """Stop observing; write the JSON report if asked. Idempotent."""
@@ -433,7 +444,7 @@ class PrecisionCheck:
             return
         entries = list(self._patcher._entries)  # read-only: the patcher owns them
         wanted = self.options.patches
-        changed = False
+        changed = watching = False
         roots: set[str] = set()
         with self._lock:
             for entry in entries:
@@ -453,6 +464,7 @@ class PrecisionCheck:
                 if state.function is None and not state.done and entry.state == "applied":
                     self._watch(state)
                     changed = True
+                    watching = watching or state.function is not None
                 elif state.function is not None and entry.state != "applied":
                     self._unwatch(state, f"the patch is {entry.state} now")
                     changed = True
@@ -465,6 +477,8 @@ class PrecisionCheck:
                     state.done = True
             roots |= {hook.hook.pattern.partition(".")[0] for hook in self._patcher._hooks}
         self._watch_imports(roots)
+        if watching:
+            self._install()
         if changed:
             self._update_summary()
 
@@ -666,7 +680,7 @@ class PrecisionCheck:
     def _update_summary(self) -> None:
         with self._lock:
             states = list(self._states.values())
-        if self.summary.status is Status.SKIPPED and not self._installed:
+        if self._blocked:
             return
         failed = [s.record.name for s in states if s.record.status is Status.FAILED]
         checked = [s for s in states if s.record.result.checked]
@@ -676,8 +690,6 @@ class PrecisionCheck:
         text = f"{len(states)} patch(es) selected, {len(checked)} checked ({how} each)"
         if failed:
             text += f"; exceeding their tolerance: {', '.join(failed)}"
-        if not self._installed and not self._closed and self.summary.status is Status.PENDING:
-            text += "; waiting to start"
         self.summary.set(Status.FAILED if failed else Status.APPLIED, text)
 
 

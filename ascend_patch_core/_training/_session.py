@@ -89,6 +89,11 @@ class TrainingSession:
 
             self.precision = PrecisionCheck(precision, patcher)
             self._records.extend(self.precision.initial_records())
+            if profiling is not None and profiling.level >= 2:
+                self.precision.summary.warnings.append(
+                    "with_profiling(level=2) traces Python stacks with its own profile function: "
+                    "while it traces, calls are not checked; use level 0 or 1 with the precision check"
+                )
             if precision.msprobe is not None:
                 record = Record("setting", "msprobe", "msprobe.pytorch.PrecisionDebugger")
                 missing = msprobe_missing()
