@@ -101,6 +101,12 @@ def training_hf(session: nox.Session) -> None:
     training_stack_tests(session, "hf", "training-hf.txt")
 
 
+@nox.session(python=PYTHON, tags=["ci"])
+def training_msprobe(session: nox.Session) -> None:
+    """The precision check's mindstudio-probe PrecisionDebugger around each training step."""
+    training_stack_tests(session, "msprobe", "training-msprobe.txt")
+
+
 TORCH_SCATTER = "torch-scatter==2.1.2"
 
 

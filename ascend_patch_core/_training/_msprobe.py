@@ -62,14 +62,18 @@ class MsprobeControl:
             except Exception as exc:
                 self._fail(f"msprobe PrecisionDebugger failed to start: {exc!r}")
 
-    def step_ended(self, step: int) -> None:
+    def step_ended(self, step: int, *, last: bool = False) -> None:
+        """Close this step's dump and, unless it was the ``last``, open the next one."""
         with self._lock:
             if self._debugger is None or self._broken:
                 return
             try:
                 self._debugger.stop()
                 self._debugger.step()
-                self._debugger.start(model=self._model)
+                if last:
+                    self._debugger = None
+                else:
+                    self._debugger.start(model=self._model)
             except Exception as exc:
                 self._fail(f"msprobe PrecisionDebugger failed at training step {step}: {exc!r}")
 

@@ -232,12 +232,12 @@ class TrainingSession:
         )
         if self.precision is not None:
             self.precision.refresh()
-        if self.msprobe is not None:
-            self.msprobe.step_ended(step)
+        # When the brake stops here, the profiler is flushed inside this step's window
+        # and msprobe not restarted: either would open a window for a step never run.
         braking = self.brake is not None and self.brake.due(step)
+        if self.msprobe is not None:
+            self.msprobe.step_ended(step, last=braking)
         if self.profiler is not None and not braking:
-            # When the brake stops here it flushes the profiler inside this step's
-            # window; stepping first would open an empty window for a step never run.
             self.profiler.step_ended(step)
         if self.brake is not None:
             self.brake.step_ended(step)  # last: it may leave the process
