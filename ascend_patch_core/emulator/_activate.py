@@ -186,7 +186,11 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
     try:
         registration = _library.register(version)
         package = _modules.build(
-            version, registration.namespace, registration.op_names, registration.exposed
+            version,
+            registration.namespace,
+            registration.op_names,
+            registration.exposed,
+            _device.npu_module(),
         )
         _runtime.state.reset(version=version, device_count=device_count)
         undos.append(_device.install(package.modules["torch_npu.npu"]))

@@ -34,9 +34,10 @@ from typing import Any
 import torch
 
 from . import _runtime
+from ._modules import clear
 
 
-__all__ = ["inactive_module", "install"]
+__all__ = ["install", "make_inactive", "npu_module"]
 
 _BACKEND = "npu"
 #: Python objects torch keeps raw pointers to: they must live as long as the process.
@@ -77,6 +78,15 @@ def _register_backend_once() -> None:
     _registered.extend([hooks, guard])
 
 
+def _check_index(device: Any) -> None:
+    index = getattr(device, "index", None)
+    if index is not None and not 0 <= index < _runtime.state.device_count:
+        raise RuntimeError(
+            f"invalid NPU device ordinal {index}: the emulator has "
+            f"{_runtime.state.device_count} device(s) (activate(device_count=N) for more)"
+        )
+
+
 def _empty(
     size: Any,
     dtype: Any = None,
@@ -85,6 +95,7 @@ def _empty(
     pin_memory: Any = None,
     memory_format: Any = None,
 ) -> Any:
+    _check_index(device)
     return torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
 
 
@@ -96,6 +107,7 @@ def _empty_strided(
     device: Any = None,
     pin_memory: Any = None,
 ) -> Any:
+    _check_index(device)
     return torch.empty_strided(size, stride, dtype=dtype, layout=layout)
 
 
@@ -210,11 +222,29 @@ def _patch_autocast() -> Undo:
     return undo
 
 
-def inactive_module() -> types.ModuleType:
-    """What ``torch.npu`` is once the emulator is deactivated: a device module with no device."""
-    module = types.ModuleType(
-        "torch.npu", "Placeholder left by ascend-patch's NPU emulator after deactivate()."
-    )
+_npu: types.ModuleType | None = None
+
+
+def npu_module() -> types.ModuleType:
+    """The one ``torch.npu`` (= ``torch_npu.npu``) module object of this process.
+
+    One object for the whole process, filled on activation and emptied to an
+    inactive device module on deactivation: ``torch.get_device_module`` caches the
+    object it finds, so a new object per activation would leave torch holding a
+    stale one.
+    """
+    global _npu
+    if _npu is None:
+        _npu = types.ModuleType("torch_npu.npu")
+        _npu.__path__ = []
+        make_inactive(_npu)
+    return _npu
+
+
+def make_inactive(module: types.ModuleType) -> None:
+    """Empty ``module`` to a device module with no device (``is_available()`` is False)."""
+    clear(module)
+    module.__doc__ = "torch.npu after ascend-patch's NPU emulator was deactivated: no device."
 
     def no_device(*args: Any, **kwargs: Any) -> bool:
         return False
@@ -222,28 +252,27 @@ def inactive_module() -> types.ModuleType:
     def zero(*args: Any, **kwargs: Any) -> int:
         return 0
 
-    module.is_available = no_device  # type: ignore[attr-defined]
-    module.is_initialized = no_device  # type: ignore[attr-defined]
-    module._is_in_bad_fork = no_device  # type: ignore[attr-defined]
-    module.device_count = zero  # type: ignore[attr-defined]
-    module.current_device = zero  # type: ignore[attr-defined]
-
     def missing(name: str) -> Any:
         raise AttributeError(
             f"torch.npu.{name}: the NPU emulator is not active "
             f"(ascend_patch_core.emulator.activate() turns it on)"
         )
 
+    for name in ("is_available", "is_initialized", "_is_in_bad_fork"):
+        setattr(module, name, no_device)
+    for name in ("device_count", "current_device"):
+        setattr(module, name, zero)
     module.__getattr__ = missing  # type: ignore[method-assign]
-    return module
 
 
-_inactive: types.ModuleType | None = None
+def _clear_device_module_cache() -> None:
+    cache_clear = getattr(torch.get_device_module, "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
 
 
-def install(npu_module: types.ModuleType) -> Undo:
-    """Make the ``npu`` device work and ``torch.npu`` be ``npu_module``; returns the undo."""
-    global _inactive
+def install(npu: types.ModuleType) -> Undo:
+    """Make the ``npu`` device work and ``torch.npu`` be ``npu`` (filled); returns the undo."""
     _register_backend_once()
     undos: list[Undo] = []
 
@@ -260,21 +289,19 @@ def install(npu_module: types.ModuleType) -> Undo:
     undos.append(unregister)
 
     missing = object()
-    previous_attr = torch.__dict__.get(_BACKEND, missing)
     previous_module = sys.modules.get(f"torch.{_BACKEND}", missing)
-    setattr(torch, _BACKEND, npu_module)
-    sys.modules[f"torch.{_BACKEND}"] = npu_module
+    setattr(torch, _BACKEND, npu)
+    sys.modules[f"torch.{_BACKEND}"] = npu
+    _clear_device_module_cache()
 
     def restore_module() -> None:
-        global _inactive
-        if _inactive is None:
-            _inactive = inactive_module()
-        keep = previous_attr if previous_attr is not missing else _inactive
-        setattr(torch, _BACKEND, keep)
+        # torch.npu stays, emptied: torch's accelerator queries need it once PrivateUse1 has a name.
+        make_inactive(npu)
         if previous_module is not missing:
             sys.modules[f"torch.{_BACKEND}"] = previous_module  # type: ignore[assignment]
         else:
             sys.modules.pop(f"torch.{_BACKEND}", None)
+        _clear_device_module_cache()
 
     undos.append(restore_module)
 

@@ -28,7 +28,15 @@ from typing import Any
 from . import _runtime
 
 
-__all__ = ["ORIGIN", "EmulatedPackage", "Format", "build", "install_finder", "remove_finder"]
+__all__ = [
+    "ORIGIN",
+    "EmulatedPackage",
+    "Format",
+    "build",
+    "clear",
+    "install_finder",
+    "remove_finder",
+]
 
 ORIGIN = "emulated by ascend_patch_core.emulator"
 _ROOT = "torch_npu"
@@ -112,18 +120,34 @@ def _module(name: str, doc: str, *, package: bool = False) -> types.ModuleType:
     return module
 
 
+def clear(module: types.ModuleType) -> None:
+    """Remove every attribute of ``module`` but the import system's dunders."""
+    for name in list(vars(module)):
+        if not (name.startswith("__") and name.endswith("__")) or name in (
+            "__getattr__",
+            "__all__",
+        ):
+            delattr(module, name)
+
+
 def _fill(module: types.ModuleType, names: Sequence[str]) -> None:
+    clear(module)
     for name in names:
         setattr(module, name, getattr(_runtime, name))
     module.__all__ = [n for n in names if not n.startswith("_")]  # type: ignore[attr-defined]
 
 
 def build(
-    version: str, namespace: Any, op_names: Sequence[str], exposed: Sequence[str]
+    version: str,
+    namespace: Any,
+    op_names: Sequence[str],
+    exposed: Sequence[str],
+    npu: types.ModuleType,
 ) -> EmulatedPackage:
     """The emulated modules of torch_npu ``version``, with ``op_names`` from ``namespace``.
 
     ``namespace`` is the real ``torch.ops.npu``: torch_npu's ops are its op packets.
+    ``npu`` is the process's one ``torch.npu`` module object; it is filled here.
     """
     label = f"torch_npu {version}, emulated on CPU by ascend-patch"
     root = _module(_ROOT, f"{label}: real op schemas, CPU reference kernels.", package=True)
@@ -142,8 +166,8 @@ def build(
 
     root.__getattr__ = missing  # type: ignore[method-assign]
 
-    npu = _module(f"{_ROOT}.npu", f"torch.npu / torch_npu.npu ({label}).", package=True)
     _fill(npu, _runtime.NPU_EXPORTS)
+    npu.__doc__ = f"torch.npu / torch_npu.npu ({label})."
     amp = _module(f"{_ROOT}.npu.amp", f"torch.npu.amp ({label}): CPU autocast.")
     _fill(amp, _runtime.AMP_EXPORTS)
     npu_utils = _module(f"{_ROOT}.npu.utils", f"torch_npu.npu.utils ({label}).")

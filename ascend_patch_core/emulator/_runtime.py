@@ -179,6 +179,11 @@ def is_bf16_supported() -> bool:
     return True
 
 
+def is_current_stream_capturing() -> bool:
+    """No graph capture under the emulator."""
+    return False
+
+
 def get_amp_supported_dtype() -> list[Any]:
     return [torch.float16, torch.bfloat16, torch.float32]
 
@@ -501,6 +506,7 @@ NPU_EXPORTS = (
     "initial_seed",
     "is_available",
     "is_bf16_supported",
+    "is_current_stream_capturing",
     "is_initialized",
     "is_jit_compile_false",
     "manual_seed",

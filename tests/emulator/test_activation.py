@@ -142,6 +142,8 @@ def test_torch_npu_runtime(npu_emulator):
     npu.set_device("npu:0")
     with pytest.raises(RuntimeError, match="invalid NPU device ordinal 3"):
         npu.set_device(3)
+    with pytest.raises(RuntimeError, match="invalid NPU device ordinal 2"):
+        torch.zeros(1, device="npu:2")
     npu.synchronize()
     assert "emulated" in npu.get_device_name()
     assert npu.get_device_capability() is None
@@ -246,7 +248,12 @@ def test_deactivate_restores_the_process():
         torch.zeros(1, device="npu")
     handle.deactivate()  # a second undo is a no-op
     emulator.deactivate()
+    # One torch.npu object per process: torch.get_device_module caches what it finds.
+    inactive_npu = torch.get_device_module("npu")
+    assert inactive_npu is torch.npu and not inactive_npu.is_available()
     with emulator.activate() as again:
+        assert torch.get_device_module("npu") is inactive_npu is torch.npu
+        assert inactive_npu.is_available() and inactive_npu.Stream is not None
         assert torch.allclose(torch.ops.npu.npu_rms_norm(x, torch.ones(4))[0], x)
         assert again.active
     assert not again.active
