@@ -15,6 +15,7 @@ from . import batch_matmul
 from . import cuda_api
 from . import distributed
 from . import numpy_compat
+from . import profiler
 from . import redirect
 from . import runtime
 from . import scatter_patches
@@ -62,6 +63,7 @@ def register_patches() -> list[object]:
         redirect.Autocast,
         redirect.ScriptBuiltins,
         distributed.Distributed,
+        profiler.Profiler,
         # The seed's table.
         numpy_compat.NumpyCompat,
         batch_matmul.BatchMatmul,
