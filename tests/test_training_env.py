@@ -58,7 +58,9 @@ def test_a_value_the_user_set_is_never_overwritten(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("value", ["0", "off", "false"])
-def test_the_switch_turns_every_recommendation_off(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+def test_the_switch_turns_every_recommendation_off(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     monkeypatch.setenv(env.SWITCH, value)
     patcher = env_only_patcher()
     report = patcher.apply()
