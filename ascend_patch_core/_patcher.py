@@ -327,6 +327,9 @@ class Patcher:
 
         Delegated to the training utilities; see ``ascend_patch_core._training``.
         """
+        from ._training._precision import PrecisionOptions
+
+        PrecisionOptions.parse(options)  # bad options fail here, not later at apply()
         self._precision_check = dict(options)
         return self
 

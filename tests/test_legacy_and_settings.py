@@ -166,3 +166,9 @@ def test_cli_report_prints_the_plugins_and_json() -> None:
         "mmcv",
         "transformers",
     }
+
+
+def test_precision_check_options_are_validated_when_given() -> None:
+    """with_precision_check rejects unknown options at the call, naming the valid ones."""
+    with pytest.raises(PatchDefinitionError, match="unknown option"):
+        Patcher().with_precision_check(bogus=1)
