@@ -15,6 +15,7 @@ from . import batch_matmul
 from . import cuda_api
 from . import distributed
 from . import numpy_compat
+from . import optimizers
 from . import profiler
 from . import redirect
 from . import runtime
@@ -26,6 +27,7 @@ from . import tensor_index
 #: ``*`` for all): they cost something on every call of a hot function.
 OPT_IN = {
     "TensorIndex": tensor_index.TensorIndex,
+    "FusedOptimizers": optimizers.FusedOptimizers,
 }
 
 

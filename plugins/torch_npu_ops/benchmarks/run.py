@@ -29,7 +29,6 @@ def main() -> None:
 
     activate()
     import torch
-
     from ascend_patch_torch import plugin
     from ascend_patch_torch.batch_matmul import BatchMatmul
     from ascend_patch_torch.tensor_index import TensorIndex
@@ -43,19 +42,25 @@ def main() -> None:
         "x[:, 1] (TensorIndex check, fallback)": lambda: x[:, 1],
         "t.to(torch.float64) (redirect check, fallback)": lambda: x.to(torch.float64),
         "torch.zeros(4) (redirect check, fallback)": lambda: torch.zeros(4),
-        "torch.zeros(4, device='npu') (redirect check, fallback)": lambda: torch.zeros(4, device="npu"),
+        "torch.zeros(4, device='npu') (redirect check, fallback)": lambda: torch.zeros(
+            4, device="npu"
+        ),
         "torch.cuda.current_device() (delegate to torch.npu)": lambda: torch.npu.current_device(),
         "torch.matmul 4-d column (BatchMatmul replacement)": lambda: torch.matmul(a, b),
         "torch.matmul 2-d (BatchMatmul check, fallback)": lambda: torch.matmul(x, x.T),
     }
     patched_calls = dict(calls)
-    patched_calls["torch.cuda.current_device() (delegate to torch.npu)"] = lambda: torch.cuda.current_device()
+    patched_calls["torch.cuda.current_device() (delegate to torch.npu)"] = lambda: (
+        torch.cuda.current_device()
+    )
 
     patcher = Patcher(autoload=False)
     for group in (*plugin.register_patches(), TensorIndex, BatchMatmul):
         patcher.add(group)
 
-    results: dict[str, dict[str, list[float]]] = {name: {"plain": [], "patched": []} for name in calls}
+    results: dict[str, dict[str, list[float]]] = {
+        name: {"plain": [], "patched": []} for name in calls
+    }
     for _ in range(args.rounds):
         order = [(name, state) for name in calls for state in ("plain", "patched")]
         random.shuffle(order)
