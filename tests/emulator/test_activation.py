@@ -87,6 +87,8 @@ def test_npu_device_strings_give_cpu_tensors(spec):
             made = make()
             assert made.device.type == "cpu", name
             assert made.is_npu, name
+        with torch.device(device):
+            assert torch.ones(2).device.type == "cpu"
         torch.manual_seed(3)
         on_npu = torch.randn(3, device=device)
         torch.manual_seed(3)
