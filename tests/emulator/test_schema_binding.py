@@ -127,3 +127,23 @@ def test_binding_agrees_with_the_schema_data(emulated, data):
     bound = any(call.op == op.name for call in recorder.calls)
     event(f"binds={expected}")
     assert bound == expected, (op.schema, args, kwargs)
+
+
+def test_calls_reach_the_contract_recorder_with_their_site(emulated):
+    import inspect
+    import os
+
+    import torch_npu
+
+    with CallRecorder() as recorder:
+        torch_npu.npu_swiglu(torch.ones(2, 4))
+        line = inspect.currentframe().f_lineno - 1
+        torch.ops.npu.npu_format_cast.Tensor(torch.ones(2), torch.ones(2))
+    swiglu, cast = recorder.calls
+    assert (swiglu.op, swiglu.overload, swiglu.file, swiglu.line) == (
+        "npu_swiglu",
+        None,
+        os.path.abspath(__file__),
+        line,
+    )
+    assert (cast.op, cast.overload, cast.positional) == ("npu_format_cast", "Tensor", 2)
