@@ -22,6 +22,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -157,8 +158,6 @@ def _load_check(*args: Any, **kwargs: Any) -> bool:
 
 
 def _load_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
-    import functools
-
     @functools.wraps(original)
     def load_on_npu(*args: Any, **kwargs: Any) -> Any:
         if len(args) > 1:
@@ -289,8 +288,6 @@ class GeneratorAndEvent(Patch):
 
 
 def _script_sees_originals(original: Callable[..., Any]) -> Callable[..., Any]:
-    import functools
-
     @functools.wraps(original)
     def find_builtin(fn: Any) -> Any:
         found = original(fn)
@@ -335,8 +332,6 @@ def _set_autocast_enabled_check(*args: Any, **kwargs: Any) -> bool:
 
 
 def _set_autocast_enabled_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
-    import functools
-
     @functools.wraps(original)
     def set_autocast_enabled_on_npu(*args: Any, **kwargs: Any) -> Any:
         if len(args) + len(kwargs) == 1 and "device_type" not in kwargs:
