@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from ascend_patch_core import Patch
 from ascend_patch_core import hookimpl
 
 from . import batch_matmul
@@ -25,13 +26,13 @@ from . import tensor_index
 
 #: Patch groups applied only when named in ``ASCEND_PATCH_TORCH_OPT_IN`` (comma-separated,
 #: ``*`` for all): they cost something on every call of a hot function.
-OPT_IN = {
+OPT_IN: dict[str, type[Patch]] = {
     "TensorIndex": tensor_index.TensorIndex,
     "FusedOptimizers": optimizers.FusedOptimizers,
 }
 
 
-def _opted_in() -> list[object]:
+def _opted_in() -> list[type[Patch]]:
     names = {n.strip() for n in os.environ.get("ASCEND_PATCH_TORCH_OPT_IN", "").split(",")}
     names.discard("")
     if "*" in names:
@@ -51,8 +52,8 @@ def register_import_rules() -> list[object]:
 
 
 @hookimpl
-def register_patches() -> list[object]:
-    groups: list[object] = [
+def register_patches() -> list[type[Patch]]:
+    groups: list[type[Patch]] = [
         # CUDA -> NPU redirect (each patch checks for an NPU runtime before installing).
         runtime.NpuRuntime,
         cuda_api.CudaApi,

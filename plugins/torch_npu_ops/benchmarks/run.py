@@ -24,6 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
+    from ascend_patch_core import Patch
     from ascend_patch_core import Patcher
     from ascend_patch_core.emulator import activate
 
@@ -55,7 +56,8 @@ def main() -> None:
     )
 
     patcher = Patcher(autoload=False)
-    for group in (*plugin.register_patches(), TensorIndex, BatchMatmul):
+    groups: list[type[Patch]] = [*plugin.register_patches(), TensorIndex, BatchMatmul]
+    for group in groups:
         patcher.add(group)
 
     results: dict[str, dict[str, list[float]]] = {
