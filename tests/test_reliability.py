@@ -370,7 +370,9 @@ def test_concurrent_apply_calls_apply_once(
         assert lazy.f() == "wrapped-orig"
         # Only this test's patches: with autoload the installed plugins add their own.
         patch_records = [
-            r for r in patcher.report.records if r.kind == "patch" and r.target.startswith(f"{pkg}.")
+            r
+            for r in patcher.report.records
+            if r.kind == "patch" and r.target.startswith(f"{pkg}.")
         ]
         assert [r.status for r in patch_records] == [Status.APPLIED, Status.APPLIED]
     finally:
