@@ -24,6 +24,7 @@ from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
 from ._errors import PatchError
 from ._errors import PluginError
+from ._errors import SkipPatch
 from ._errors import StubUsageError
 from ._hookspecs import hookimpl
 from ._legacy import PatcherBuilder
@@ -64,6 +65,7 @@ __all__ = [
     "ReplaceImport",
     "Report",
     "SkipImport",
+    "SkipPatch",
     "Status",
     "StubUsageError",
     "apply",

@@ -9,6 +9,7 @@ __all__ = [
     "PatchDefinitionError",
     "PatchError",
     "PluginError",
+    "SkipPatch",
     "StubUsageError",
 ]
 
@@ -49,5 +50,15 @@ class ImportRuleError(PatchError, ImportError):
 
 class StubUsageError(PatchError, RuntimeError):
     """Code really used something from a module that ``skip_import`` replaced by a stub."""
+
+    __module__ = "ascend_patch_core"
+
+
+class SkipPatch(Exception):
+    """Raise from a ``precheck`` to skip the patch with a reason: ``raise SkipPatch("no NPU runtime")``.
+
+    The report shows the patch as SKIPPED with that reason (returning False gives only
+    "precheck returned False"). Any other exception from a precheck fails the patch.
+    """
 
     __module__ = "ascend_patch_core"

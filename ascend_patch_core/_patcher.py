@@ -51,6 +51,7 @@ from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
 from ._errors import PatchError
 from ._errors import PluginError
+from ._errors import SkipPatch
 from ._hub import hub
 from ._hub import import_in_progress
 from ._hub import initializing
@@ -76,6 +77,7 @@ from ._rules import InjectImport
 from ._rules import ReplaceImport
 from ._rules import SkipImport
 from ._stale import find_holders
+from ._target import ABSENT
 from ._target import Missing
 from ._target import Slot
 from ._target import TargetPath
@@ -827,9 +829,13 @@ class Patcher:
         try:
             original_raw = slot.raw
             original = inner_callable(original_raw)
+            if original is ABSENT:  # a slot that create=True will make
+                original = None
             if patch.precheck is not None:
                 try:
                     ok = patch.call_precheck(original)
+                except SkipPatch as skip:
+                    raise Skip(str(skip) or "precheck skipped the patch") from skip
                 except Exception as exc:
                     raise PatchError(f"precheck raised {type(exc).__name__}: {exc}") from exc
                 if not ok:

@@ -10,8 +10,10 @@ costs ~12 ms to import).
 from __future__ import annotations
 
 import re
+import sys
 
 from ._metadata import MetadataCache
+from ._metadata import normalize_name
 
 
 __all__ = ["check_requirement"]
@@ -19,9 +21,23 @@ __all__ = ["check_requirement"]
 _HEAD = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*$"
 
 
+def _emulated_torch_npu() -> str | None:
+    """The torch_npu version the NPU emulator stands in for, while it is active."""
+    emulator = sys.modules.get("ascend_patch_core.emulator")
+    if emulator is None or not emulator.is_active():
+        return None
+    version: str | None = emulator.active_version()
+    return version
+
+
 def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
-    """Return (satisfied, explanation) for one requirement string with alternatives."""
-    cached = cache.cached_requirement(text)
+    """Return (satisfied, explanation) for one requirement string with alternatives.
+
+    Under the NPU emulator, ``torch-npu`` has the emulated version (never cached:
+    the emulation ends with the process or with ``deactivate()``).
+    """
+    emulated = _emulated_torch_npu() is not None and "torch" in text and "npu" in text
+    cached = None if emulated else cache.cached_requirement(text)
     if cached is not None:
         return cached
     explanations: list[str] = []
@@ -34,7 +50,8 @@ def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
         explanations.append(why)
     if result is None:
         result = (False, "; ".join(explanations))
-    cache.store_requirement(text, result)
+    if not emulated:
+        cache.store_requirement(text, result)
     return result
 
 
@@ -60,10 +77,11 @@ def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
             specifier = SpecifierSet(match.group(2))
         except InvalidSpecifier as exc:
             return False, f"invalid requirement {text!r}: {exc}"
-    version = cache.version(name)
+    emulated = _emulated_torch_npu() if normalize_name(name) == "torch-npu" else None
+    version = emulated or cache.version(name)
     if version is None:
         return False, f"{name} is not installed"
     # Pre-releases count: an installed mmcv 2.0.0rc4 is what the user runs.
     if specifier.contains(version, prereleases=True):
-        return True, f"{name} {version}"
+        return True, f"{name} {version}" + (" (emulated)" if emulated else "")
     return False, f"{name} {version} is installed; the patch requires {name}{specifier}"

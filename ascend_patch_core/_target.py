@@ -30,6 +30,7 @@ from ._hub import initializing
 
 
 __all__ = [
+    "ABSENT",
     "Missing",
     "Resolved",
     "Slot",
@@ -171,11 +172,11 @@ class Slot(NamedTuple):
     def current(self) -> Any:
         """What the slot holds right now (raw)."""
         if self.kind == "item":
-            return self.owner.get(self.key, _ABSENT) if isinstance(self.owner, Mapping) else _ABSENT
+            return self.owner.get(self.key, ABSENT) if isinstance(self.owner, Mapping) else ABSENT
         try:
-            return vars(self.owner).get(self.key, _ABSENT)
+            return vars(self.owner).get(self.key, ABSENT)
         except TypeError:  # objects without __dict__ (slots)
-            return getattr(self.owner, self.key, _ABSENT)
+            return getattr(self.owner, self.key, ABSENT)
 
     def install(self, new_raw: Any) -> None:
         if self.kind == "item":
@@ -197,7 +198,7 @@ class Slot(NamedTuple):
 
 
 Resolved = Slot
-_ABSENT = object()
+ABSENT = object()
 
 
 def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missing:
@@ -237,7 +238,7 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
                 if sub:
                     return Waiting(child_name)
                 if last and create:
-                    return Slot("module", obj, seg.name, _ABSENT, False, module_name)
+                    return Slot("module", obj, seg.name, ABSENT, False, module_name)
                 return Missing(f"{module_name} has no attribute {seg.name!r}")
             if last:
                 return Slot("module", obj, seg.name, value, True, module_name)
@@ -252,7 +253,7 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
         ):
             if seg.name not in obj:
                 if last and create and isinstance(obj, MutableMapping):
-                    return Slot("item", obj, seg.name, _ABSENT, False, module_name)
+                    return Slot("item", obj, seg.name, ABSENT, False, module_name)
                 return Missing(f"key {seg.name!r} is not in {_describe_prefix(segments[:index])}")
             if last:
                 if not isinstance(obj, MutableMapping):
@@ -268,7 +269,7 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
                     raw = vars(klass)[seg.name]
                     return Slot("class", obj, seg.name, raw, klass is obj, module_name)
             if create:
-                return Slot("class", obj, seg.name, _ABSENT, False, module_name)
+                return Slot("class", obj, seg.name, ABSENT, False, module_name)
             return Missing(f"{obj.__qualname__} has no attribute {seg.name!r}")
         if last:
             try:
@@ -280,7 +281,7 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
             if hasattr(obj, seg.name):
                 return Slot("object", obj, seg.name, getattr(obj, seg.name), False, module_name)
             if create:
-                return Slot("object", obj, seg.name, _ABSENT, False, module_name)
+                return Slot("object", obj, seg.name, ABSENT, False, module_name)
             return Missing(f"{_describe_prefix(segments[:index])} has no attribute {seg.name!r}")
         try:
             obj = getattr(obj, seg.name)

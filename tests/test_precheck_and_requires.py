@@ -1,0 +1,74 @@
+"""Prechecks that explain themselves, create=True slots, and torch-npu constraints under the emulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import Patcher
+from ascend_patch_core import SkipPatch
+from ascend_patch_core import Status
+
+
+def test_precheck_can_skip_with_a_reason(make_package, patcher: Patcher) -> None:
+    """raise SkipPatch('why') in a precheck: SKIPPED with that reason, the original untouched."""
+    pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
+
+    def no_npu() -> bool:
+        raise SkipPatch("no NPU runtime")
+
+    report = patcher.add(AtomicPatch(f"{pkg}.core.f", lambda: "new", precheck=no_npu)).apply()
+    core = __import__(f"{pkg}.core", fromlist=["f"])
+    record = report.get(f"{pkg}.core.f")
+    assert (record.status, record.reason) == (Status.SKIPPED, "no NPU runtime")
+    assert core.f() == "orig"
+
+
+def test_precheck_of_a_slot_to_be_created_sees_original_none(
+    make_package, patcher: Patcher
+) -> None:
+    """With create=True and no slot yet, the precheck's 'original' is None, not an internal sentinel."""
+    pkg = make_package({"core.py": "REG = {}\n"})
+    seen = []
+
+    def precheck(original: object) -> bool:
+        seen.append(original)
+        return True
+
+    patcher.add(AtomicPatch(f"{pkg}.core.REG['k']", 1, create=True, precheck=precheck)).apply()
+    core = __import__(f"{pkg}.core", fromlist=["REG"])
+    assert seen == [None]
+    assert core.REG == {"k": 1}
+    patcher.revert()
+    assert core.REG == {}
+
+
+def test_torch_npu_requirement_uses_the_emulated_version(make_package, npu_emulator) -> None:
+    """Under the emulator, requires='torch-npu>=2.6' is judged against the emulated version, not 'not installed'."""
+    pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
+    version = npu_emulator.version if hasattr(npu_emulator, "version") else None
+    patcher = Patcher().add(
+        AtomicPatch(f"{pkg}.core.f", lambda: "new", requires="torch-npu>=2.6"),
+        AtomicPatch(f"{pkg}.core.g", lambda: "x", requires="torch-npu<2.0", create=True),
+    )
+    try:
+        report = patcher.apply()
+        ok, too_old = report.get(f"{pkg}.core.f"), report.get(f"{pkg}.core.g")
+        assert ok.status is Status.PENDING, ok.reason
+        assert too_old.status is Status.SKIPPED
+        assert "is installed" in (too_old.reason or "") and (
+            version is None or version in too_old.reason
+        )
+    finally:
+        patcher.revert()
+
+
+@pytest.mark.parametrize("value", [0, "", None])
+def test_falsy_precheck_results_skip(make_package, patcher: Patcher, value: object) -> None:
+    """Any falsy precheck result skips with the generic reason."""
+    pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
+    report = patcher.add(
+        AtomicPatch(f"{pkg}.core.f", lambda: "new", precheck=lambda: value)
+    ).apply()
+    __import__(f"{pkg}.core")
+    assert report.get(f"{pkg}.core.f").reason == "precheck returned False"
