@@ -68,6 +68,8 @@ class RunOptions(NamedTuple):
     npu_version: str | None = None
     profile: str | None = None
     brake_at: int | None = None
+    #: Compare patched calls with their originals on live inputs (with_precision_check).
+    check_precision: bool = False
     #: Where the main process writes the run report.
     report: str | None = None
     #: Directory where the other processes leave their reports for the main one.
@@ -107,7 +109,16 @@ class RunOptions(NamedTuple):
 
     def same_patching(self, other: RunOptions) -> bool:
         """Whether both patch a process the same way (report destinations aside)."""
-        keys = ("disable", "plugins", "strict", "emulate_npu", "npu_version", "profile", "brake_at")
+        keys = (
+            "disable",
+            "plugins",
+            "strict",
+            "emulate_npu",
+            "npu_version",
+            "profile",
+            "brake_at",
+            "check_precision",
+        )
         return all(getattr(self, k) == getattr(other, k) for k in keys)
 
 
@@ -120,6 +131,7 @@ def _checked(key: str, value: Any) -> Any:
         "npu_version": str,
         "profile": str,
         "brake_at": int,
+        "check_precision": bool,
         "report": str,
         "report_parts": str,
         "main_pid": int,
@@ -193,6 +205,8 @@ def start(options: RunOptions, *, role: str) -> Any:
         patcher.with_profiling(options.profile)
     if options.brake_at is not None:
         patcher.brake_at(options.brake_at)
+    if options.check_precision:
+        patcher.with_precision_check()
     _started, _role = options, role
     if options.report is not None:
         import atexit

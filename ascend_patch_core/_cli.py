@@ -145,6 +145,12 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "--brake-at", type=int, metavar="N", help="stop training cleanly after N steps (brake_at)"
     )
     run.add_argument(
+        "--check-precision",
+        action="store_true",
+        help="also run the originals of patched calls on live inputs and report deviations "
+        "(with_precision_check; see docs/training.md)",
+    )
+    run.add_argument(
         "--strict", action="store_true", help="any patch or plugin failure stops the program"
     )
     run.add_argument(

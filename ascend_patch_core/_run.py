@@ -104,6 +104,7 @@ def options_from_args(ns: Any) -> RunOptions:
         npu_version=version,
         profile=os.path.abspath(ns.profile) if ns.profile else None,
         brake_at=ns.brake_at,
+        check_precision=bool(getattr(ns, "check_precision", False)),
         report=os.path.abspath(ns.report) if ns.report else None,
     )
 
