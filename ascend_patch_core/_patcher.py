@@ -77,6 +77,7 @@ from ._rules import InjectImport
 from ._rules import ReplaceImport
 from ._rules import SkipImport
 from ._stale import find_holders
+from ._stale import loaded_modules
 from ._target import ABSENT
 from ._target import Missing
 from ._target import Slot
@@ -1039,7 +1040,7 @@ class Patcher:
         state.handle = hub.watch_pattern(hook.pattern, functools.partial(self._visit_hook, state))
         state.record.set(Status.APPLIED, "watching")
         produced: list[Entry] = []
-        for name, module in sorted(list(sys.modules.items()), key=lambda kv: kv[0]):
+        for name, module in sorted(loaded_modules().items(), key=lambda kv: kv[0]):
             if module is not None and fnmatch.fnmatchcase(name, hook.pattern):
                 produced.extend(self._visit(state, module))
         return [e for e in produced if e.state == APPLIED]

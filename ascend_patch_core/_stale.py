@@ -14,7 +14,23 @@ import types
 from collections.abc import Iterable
 
 
-__all__ = ["find_holders"]
+__all__ = ["find_holders", "loaded_modules"]
+
+
+def loaded_modules() -> dict[str, types.ModuleType]:
+    """A snapshot of ``sys.modules`` that is safe while other threads import.
+
+    Even ``list(sys.modules.items())`` can fail with "dictionary changed size during
+    iteration": building it allocates, allocation may run the garbage collector, and
+    a finalizer may let another thread import. ``dict.copy`` copies the table without
+    allocating per item; a rare failure is simply retried.
+    """
+    for _ in range(100):
+        try:
+            return sys.modules.copy()
+        except RuntimeError:
+            continue
+    return sys.modules.copy()
 
 
 def find_holders(
@@ -28,7 +44,7 @@ def find_holders(
     found: dict[int, list[tuple[types.ModuleType, str]]] = {}
     if not originals:
         return found
-    for module_name, module in list(sys.modules.items()):
+    for module_name, module in loaded_modules().items():
         if module is None or id(module) in exclude_modules:
             continue
         if module_name in plain or module_name.startswith(dotted):
