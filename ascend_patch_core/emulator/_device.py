@@ -222,6 +222,102 @@ def _patch_autocast() -> Undo:
     return undo
 
 
+def _npu_to_cpu(device_type: Any) -> Any:
+    return "cpu" if device_type == _BACKEND else device_type
+
+
+def _autocast_query(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` with a ``"npu"`` device type (first argument or ``device_type=``) read as ``"cpu"``."""
+
+    def on_cpu(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (_npu_to_cpu(args[0]), *args[1:])
+        if "device_type" in kwargs:
+            kwargs = {**kwargs, "device_type": _npu_to_cpu(kwargs["device_type"])}
+        return original(*args, **kwargs)
+
+    on_cpu.__name__ = on_cpu.__qualname__ = original.__name__
+    on_cpu.__doc__ = original.__doc__
+    on_cpu.__wrapped__ = original  # type: ignore[attr-defined]
+    return on_cpu
+
+
+def _patch_autocast_queries() -> Undo:
+    """``torch.is_autocast_enabled("npu")`` & co. read the CPU autocast state.
+
+    ``torch.autocast("npu")`` runs as CPU autocast here (see :func:`_patch_autocast`),
+    so the NPU's own autocast state in torch never changes; the queries and setters
+    that name the NPU must see the state that does.
+    """
+    names = (
+        "is_autocast_enabled",
+        "set_autocast_enabled",
+        "get_autocast_dtype",
+        "set_autocast_dtype",
+    )
+    undos = [_set_attributes(torch, {n: _autocast_query(getattr(torch, n)) for n in names})]
+    # custom_fwd(device_type="npu", cast_inputs=...) casts only tensors whose device type
+    # is "npu"; emulated NPU tensors report "cpu".
+    for module in (torch.amp.autocast_mode, torch.amp):
+        decorators = ("custom_fwd", "custom_bwd")
+        undos.append(
+            _set_attributes(module, {n: _autocast_query(getattr(module, n)) for n in decorators})
+        )
+
+    def undo() -> None:
+        for step in reversed(undos):
+            step()
+
+    return undo
+
+
+def _generator_class() -> type:
+    """``torch.Generator`` whose ``"npu"`` generators are CPU generators.
+
+    torch builds a PrivateUse1 generator through a C++ hook that Python cannot
+    register; emulated NPU tensors are CPU tensors and draw from CPU generators
+    anyway. The class builds *base* ``torch._C.Generator`` objects (the only type
+    torch's C++ accepts for ``generator=``); ``isinstance`` is true for every
+    generator; subclasses of it construct normally.
+    """
+    base = torch._C.Generator
+    base_meta = type(base)
+
+    def cpu_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if args and _is_npu_device(args[0]):
+            args = ("cpu", *args[1:])
+        if _is_npu_device(kwargs.get("device")):
+            kwargs = {**kwargs, "device": "cpu"}
+        return args, kwargs
+
+    class EmulatedGeneratorMeta(base_meta):  # type: ignore[misc, valid-type]
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            args, kwargs = cpu_args(args, kwargs)
+            if cls is Generator:
+                return base(*args, **kwargs)
+            return super().__call__(*args, **kwargs)
+
+        def __instancecheck__(cls, obj: Any) -> bool:
+            if cls is Generator:
+                return isinstance(obj, base)
+            return bool(super().__instancecheck__(obj))
+
+        def __subclasscheck__(cls, sub: Any) -> bool:
+            if cls is Generator:
+                return issubclass(sub, base)
+            return bool(super().__subclasscheck__(sub))
+
+    class Generator(base, metaclass=EmulatedGeneratorMeta):  # type: ignore[misc, valid-type]
+        """``torch.Generator``; under the NPU emulator an ``"npu"`` generator is a CPU one."""
+
+    Generator.__module__ = "torch"
+    return Generator
+
+
+def _patch_generator() -> Undo:
+    return _set_attributes(torch, {"Generator": _generator_class()})
+
+
 _npu: types.ModuleType | None = None
 
 
@@ -319,6 +415,10 @@ def install(npu: types.ModuleType) -> Undo:
         )
     undos.append(_patch_storages())
     undos.append(_patch_autocast())
+    undos.append(_patch_autocast_queries())
+    undos.append(_patch_generator())
+    # torch_npu.npu.default_generators: one per device; every emulated device draws from the CPU's.
+    npu.default_generators = (torch.random.default_generator,) * _runtime.state.device_count  # type: ignore[attr-defined]
 
     def undo_all() -> None:
         for undo in reversed(undos):

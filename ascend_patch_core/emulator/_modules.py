@@ -8,8 +8,9 @@ instead).
 
 What exists: ``torch_npu`` (every op of the version as ``torch_npu.<op>``, which
 is ``torch.ops.npu.<op>`` as in the real package; ``__version__``; ``Format``),
-``torch_npu.npu`` (= ``torch.npu``) with ``torch_npu.npu.amp`` and
-``torch_npu.npu.utils``, ``torch_npu.utils``, ``torch_npu.version`` and an empty
+``torch_npu.npu`` (= ``torch.npu``) with ``torch_npu.npu.amp``,
+``torch_npu.npu.memory`` and ``torch_npu.npu.utils``, ``torch_npu.utils``,
+``torch_npu.version`` and an empty
 ``torch_npu.contrib``. ``torch_npu.contrib.transfer_to_npu`` refuses to import with
 an explanation: it rewrites torch globally with no undo.
 """
@@ -170,6 +171,8 @@ def build(
     npu.__doc__ = f"torch.npu / torch_npu.npu ({label})."
     amp = _module(f"{_ROOT}.npu.amp", f"torch.npu.amp ({label}): CPU autocast.")
     _fill(amp, _runtime.AMP_EXPORTS)
+    memory = _module(f"{_ROOT}.npu.memory", f"torch.npu.memory ({label}): nothing tracked.")
+    _fill(memory, _runtime.MEMORY_EXPORTS)
     npu_utils = _module(f"{_ROOT}.npu.utils", f"torch_npu.npu.utils ({label}).")
     _fill(npu_utils, _runtime.UTILS_EXPORTS)
     utils = _module(f"{_ROOT}.utils", f"torch_npu.utils ({label}).", package=True)
@@ -180,10 +183,12 @@ def build(
     version_module.emulated = True  # type: ignore[attr-defined]
     contrib = _module(f"{_ROOT}.contrib", f"torch_npu.contrib ({label}): empty.", package=True)
 
-    modules = {m.__name__: m for m in (root, npu, amp, npu_utils, utils, version_module, contrib)}
+    modules = {
+        m.__name__: m for m in (root, npu, amp, memory, npu_utils, utils, version_module, contrib)
+    }
     eager = {
         _ROOT: (f"{_ROOT}.npu", f"{_ROOT}.utils", f"{_ROOT}.version"),
-        f"{_ROOT}.npu": (f"{_ROOT}.npu.amp", f"{_ROOT}.npu.utils"),
+        f"{_ROOT}.npu": (f"{_ROOT}.npu.amp", f"{_ROOT}.npu.memory", f"{_ROOT}.npu.utils"),
     }
     return EmulatedPackage(modules, eager)
 

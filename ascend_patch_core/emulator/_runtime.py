@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ import torch
 __all__ = [
     "AMP_EXPORTS",
     "DEVICE_NAME",
+    "MEMORY_EXPORTS",
     "NPU_EXPORTS",
     "UTILS_EXPORTS",
     "Event",
@@ -395,6 +398,41 @@ def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None
     _index(device)
 
 
+# Memory history: torch_npu.npu.memory._record_memory_history / _snapshot / _dump_snapshot.
+_history: dict[str, Any] = {"enabled": None}
+
+
+def _record_memory_history(
+    enabled: str | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+) -> None:
+    """Records the settings only: host-memory tensors make no device allocator events."""
+    if enabled not in (None, "state", "all"):
+        raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
+    _index(device)
+    _history.update(enabled=enabled, context=context, stacks=stacks, max_entries=max_entries)
+
+
+def _snapshot(device: Any = None) -> dict[str, Any]:
+    """A snapshot in torch's format, with no segments and no trace events (nothing is tracked)."""
+    _index(device)
+    return {
+        "segments": [],
+        "device_traces": [[] for _ in range(state.device_count)],
+        "allocator_settings": {},
+        "emulated": True,
+    }
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickle :func:`_snapshot` to ``filename``, as ``torch.cuda.memory._dump_snapshot`` does."""
+    with open(filename, "wb") as file:
+        pickle.dump(_snapshot(), file)
+
+
 # --------------------------------------------------------------------------- random numbers
 
 
@@ -546,6 +584,27 @@ AMP_EXPORTS = (
     "custom_fwd",
     "get_autocast_dtype",
     "is_autocast_enabled",
+)
+
+MEMORY_EXPORTS = (
+    "_dump_snapshot",
+    "_record_memory_history",
+    "_snapshot",
+    "empty_cache",
+    "max_memory_allocated",
+    "max_memory_cached",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_cached",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+    "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 )
 
 UTILS_EXPORTS = ("get_cann_version", "is_jit_compile_false", "set_compile_mode")
