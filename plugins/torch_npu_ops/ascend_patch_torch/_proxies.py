@@ -1,10 +1,12 @@
 """``torch.Generator`` and ``torch.Event`` stand-ins that move a CUDA device to the NPU.
 
-Each is a subclass of the real class with a metaclass that
+:func:`proxy_of` builds, per installation, a subclass of the C++ base class with a
+metaclass that
 
-* builds a *base* object (``torch._C.Generator``, ``torch.Event``) with the device
-  rewritten -- torch's C++ checks (``Stream.record_event``, ``generator=``) accept
-  only the exact base type;
+* calls the class it replaces (``torch._C.Generator``, or whatever stands in
+  ``torch.Generator`` when the patch is installed, e.g. the NPU emulator's) with the
+  device rewritten, so *base* objects come back -- torch's C++ checks
+  (``Stream.record_event``, ``generator=``) accept only the exact base type;
 * keeps ``isinstance(obj, torch.Generator)`` true for every base object;
 * lets user subclasses of ``torch.Generator`` construct normally (devices rewritten).
 
@@ -21,45 +23,42 @@ from ._calls import device
 from ._calls import rewrite_call
 
 
-__all__ = ["Event", "Generator"]
+__all__ = ["proxy_of"]
 
-_GENERATOR_DEVICE = (device(0, ints=True),)
+_DEVICE = (device(0, ints=True),)
+_BASES = {"Generator": torch._C.Generator, "Event": torch.Event}
 
 
-def _proxy_meta(base: type) -> type:
+def proxy_of(original: type) -> type:
+    """A ``torch.Generator`` / ``torch.Event`` replacement building ``original`` on the NPU."""
+    base = next(b for b in _BASES.values() if issubclass(original, b))
     base_meta = type(base)
 
     class ProxyMeta(base_meta):  # type: ignore[misc, valid-type]
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-            args, kwargs = rewrite_call(_GENERATOR_DEVICE, args, kwargs)
-            if cls.__dict__.get("_ascend_patch_proxy_of") is base:
-                return base(*args, **kwargs)
+            args, kwargs = rewrite_call(_DEVICE, args, kwargs)
+            if cls is proxy:
+                return original(*args, **kwargs)
             return super().__call__(*args, **kwargs)
 
         def __instancecheck__(cls, obj: Any) -> bool:
-            if cls.__dict__.get("_ascend_patch_proxy_of") is base:
+            if cls is proxy:
                 return isinstance(obj, base)
-            return super().__instancecheck__(obj)
+            return bool(super().__instancecheck__(obj))
 
         def __subclasscheck__(cls, sub: Any) -> bool:
-            if cls.__dict__.get("_ascend_patch_proxy_of") is base:
+            if cls is proxy:
                 return issubclass(sub, base)
-            return super().__subclasscheck__(sub)
+            return bool(super().__subclasscheck__(sub))
 
-    ProxyMeta.__name__ = f"{base.__name__}ProxyMeta"
-    return ProxyMeta
-
-
-class Generator(torch.Generator, metaclass=_proxy_meta(torch.Generator)):  # type: ignore[misc, metaclass]
-    """``torch.Generator``; ``torch.Generator("cuda")`` builds an NPU generator."""
-
-    _ascend_patch_proxy_of = torch.Generator
-
-
-class Event(torch.Event, metaclass=_proxy_meta(torch.Event)):  # type: ignore[misc, metaclass]
-    """``torch.Event``; ``torch.Event("cuda")`` builds an NPU event."""
-
-    _ascend_patch_proxy_of = torch.Event
-
-
-Generator.__module__ = Event.__module__ = "torch"
+    name = base.__name__
+    ProxyMeta.__name__ = f"{name}ProxyMeta"
+    proxy = ProxyMeta(
+        name,
+        (base,),
+        {
+            "__module__": "torch",
+            "__doc__": f"``torch.{name}``; ``torch.{name}('cuda')`` builds an NPU {name.lower()}.",
+        },
+    )
+    return proxy

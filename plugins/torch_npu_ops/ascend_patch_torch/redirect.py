@@ -271,17 +271,47 @@ class DeviceContext(Patch):
         yield redirect_patch("torch.utils._device.DeviceContext.__init__", (device(1, ints=True),))
 
 
+def _proxy_of(original: Any) -> Any:
+    from ._proxies import proxy_of
+
+    return proxy_of(original)
+
+
+def _default_generators(original: Any) -> Any:
+    from .cuda_api import npu_module
+
+    return npu_module().default_generators
+
+
+def _npu_has_default_generators() -> bool:
+    from .cuda_api import npu_module
+
+    return npu_runtime_importable() and hasattr(npu_module(), "default_generators")
+
+
 class GeneratorAndEvent(Patch):
-    """``torch.Generator("cuda")`` and ``torch.Event("cuda")`` -> NPU; ``isinstance`` keeps working."""
+    """``torch.Generator("cuda")``, ``torch.Event("cuda")``, ``torch.cuda.default_generators`` -> NPU.
+
+    The proxies wrap whatever ``torch.Generator`` / ``torch.Event`` is when they are
+    installed, so ``isinstance`` keeps working and an earlier stand-in (the NPU
+    emulator's) still builds the objects.
+    """
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
         for name in ("Generator", "Event"):
             yield AtomicPatch(
                 f"torch.{name}",
-                f"ascend_patch_torch._proxies:{name}",
+                target_wrapper=_proxy_of,
                 precheck=npu_runtime_importable,
             )
+        yield AtomicPatch(
+            "torch.cuda.default_generators",
+            target_wrapper=_default_generators,
+            aliases=("torch.cuda.random.default_generators",),
+            precheck=_npu_has_default_generators,
+            after_import="torch_npu",
+        )
 
 
 # --------------------------------------------------------------------------- TorchScript

@@ -281,13 +281,19 @@ def test_autocast_cuda_and_cuda_amp(redirect, calls):
     a, b = torch.randn(2, 2, device="cuda"), torch.randn(2, 2, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         assert torch.mm(a, b).dtype is torch.bfloat16
-        # No argument meant CUDA; both now ask the NPU (which the emulator runs as CPU autocast).
-        assert torch.is_autocast_enabled() == torch.is_autocast_enabled("npu")
-        assert torch.is_autocast_enabled("cuda") == torch.is_autocast_enabled("npu")
+        # No argument meant CUDA; both now ask the NPU.
+        assert torch.is_autocast_enabled()
+        assert torch.is_autocast_enabled("cuda")
+        assert torch.is_autocast_enabled(device_type="cuda")
+        assert torch.get_autocast_dtype("cuda") is torch.bfloat16
+        assert torch.get_autocast_gpu_dtype() is torch.bfloat16
+    assert not torch.is_autocast_enabled()
+    assert not torch.is_autocast_enabled("cuda")
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
         assert torch.mm(a, b).dtype is torch.bfloat16
     with torch.cuda.amp.autocast(dtype=torch.bfloat16):
         assert torch.mm(a, b).dtype is torch.bfloat16
+        assert torch.is_autocast_enabled("cuda")
     with torch.amp.autocast("cuda", enabled=False):
         assert torch.mm(a, b).dtype is torch.float32
     assert calls("torch.amp.autocast_mode.autocast.__init__")[0] == 4
@@ -335,8 +341,26 @@ def test_custom_fwd_and_bwd(redirect, calls):
     x = torch.ones(2, device="cuda", requires_grad=True)
     Double.apply(x).sum().backward()
     assert x.grad.tolist() == [2.0, 2.0]
-    assert calls("torch.amp.autocast_mode.custom_fwd")[0] == 1
-    assert calls("torch.amp.autocast_mode.custom_bwd")[0] == 1
+
+    seen = []
+
+    class InFloat32(torch.autograd.Function):
+        @staticmethod
+        @torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            seen.append((x.dtype, torch.is_autocast_enabled("cuda")))
+            return x.clone()
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, grad):
+            return grad
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        InFloat32.apply(torch.ones(2, device="cuda", dtype=torch.bfloat16))
+    assert seen == [(torch.float32, False)]  # cast, and run with autocast off
+    assert calls("torch.amp.autocast_mode.custom_fwd")[0] == 2
+    assert calls("torch.amp.autocast_mode.custom_bwd")[0] == 2
 
 
 # --------------------------------------------------------------------------- generator, jit, revert
@@ -351,14 +375,32 @@ def test_generator_and_event_proxies_keep_isinstance(redirect):
     assert isinstance(torch.Event(), torch.Event)
 
 
-def test_generator_with_a_cuda_device_asks_the_npu(redirect):
-    try:
-        generator = torch.Generator("cuda")
-    except NotImplementedError as exc:
-        # The emulator cannot build PrivateUse1 generators yet; the request did reach the NPU.
-        assert "PrivateUse1" in str(exc)
-    else:
-        assert generator.device.type == NPU
+def test_generator_and_event_with_a_cuda_device_are_built_on_the_npu(npu_emulator):
+    with pytest.raises(RuntimeError):
+        torch.Generator("cuda")  # this CPU build of torch has no CUDA generator
+    from ascend_patch_torch.redirect import GeneratorAndEvent
+
+    from ascend_patch_core import Patcher
+
+    before = (torch.Generator, torch.Event, torch.cuda.default_generators)
+    with Patcher(autoload=False, strict=True).add(GeneratorAndEvent):
+        for spec in ("cuda", "cuda:0", torch.device("cuda", 0)):
+            generator = torch.Generator(spec)
+            assert type(generator) is torch._C.Generator  # what generator= accepts
+            # The emulator's NPU generators are CPU generators (its NPU tensors are CPU tensors).
+            assert generator.device.type == ("cpu" if npu_emulator else NPU)
+        first = torch.randn(
+            3, device="npu", generator=torch.Generator(device="cuda").manual_seed(5)
+        )
+        again = torch.randn(3, device="npu", generator=torch.Generator(device=0).manual_seed(5))
+        torch.testing.assert_close(first, again)
+        event = torch.Event("cuda")
+        assert event.device.type == NPU
+        assert isinstance(event, torch.Event)
+        assert torch.cuda.default_generators is torch.npu.default_generators
+        torch.cuda.default_generators[0].manual_seed(9)
+        assert torch.npu.default_generators[0].initial_seed() == 9
+    assert (torch.Generator, torch.Event, torch.cuda.default_generators) == before
 
 
 def test_torch_jit_script_keeps_working(redirect):
