@@ -1,5 +1,5 @@
 """``torch.cuda.*`` redirected to ``torch.npu.*``: device management, streams, events,
-memory, RNG, graphs and the legacy tensor types.
+memory (history and snapshots included), RNG, graphs and the legacy tensor types.
 
 Functions are replaced by small delegates that look ``torch.npu.<name>`` up when
 called, so nothing here needs torch_npu before the program uses it, and device
@@ -31,7 +31,7 @@ from ._calls import rewrite_call
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["CudaApi", "npu_module", "to_npu_function"]
+__all__ = ["CudaApi", "npu_module", "to_npu_function", "to_npu_memory_function"]
 
 
 def npu_module() -> Any:
@@ -170,6 +170,34 @@ _CLASSES: dict[str, tuple[str, str]] = {
 }
 
 
+# torch.cuda.memory private functions -> torch.npu.memory (memory history and snapshots).
+_MEMORY_HISTORY = ("_record_memory_history", "_snapshot", "_dump_snapshot")
+
+
+def to_npu_memory_function(name: str) -> Callable[..., Any]:
+    """A stand-in for ``torch.cuda.memory.<name>`` calling ``torch.npu.memory.<name>``."""
+    params = (Param(4, "device"),) if name == "_record_memory_history" else ()
+    if name == "_snapshot":
+        params = (device(0),)
+
+    def redirected(*args: Any, **kwargs: Any) -> Any:
+        if params:
+            args, kwargs = rewrite_call(params, args, kwargs)
+        memory = getattr(npu_module(), "memory", None)
+        function = getattr(memory, name, None)
+        if function is None:
+            raise AttributeError(
+                f"torch.cuda.memory.{name} is redirected to torch.npu.memory.{name}, which this"
+                " torch_npu does not have; disable the patch 'CudaApi' or call an NPU equivalent"
+            )
+        return function(*args, **kwargs)
+
+    redirected.__name__ = redirected.__qualname__ = name
+    redirected.__module__ = "torch.cuda.memory"
+    redirected.__doc__ = f"Redirected by ascend-patch to ``torch.npu.memory.{name}``."
+    return redirected
+
+
 def _is_bf16_supported(including_emulation: bool = True) -> Any:
     # torch.npu's takes no argument.
     return npu_module().is_bf16_supported()
@@ -214,6 +242,13 @@ class CudaApi(Patch):
             runtime_check=always,
             precheck=npu_runtime_importable,
         )
+        for name in _MEMORY_HISTORY:
+            yield AtomicPatch(
+                f"torch.cuda.memory.{name}",
+                to_npu_memory_function(name),
+                runtime_check=always,
+                precheck=npu_runtime_importable,
+            )
         for name, (module, npu_name) in _CLASSES.items():
             yield AtomicPatch(
                 f"torch.cuda.{name}",

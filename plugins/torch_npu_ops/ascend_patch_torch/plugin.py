@@ -61,6 +61,7 @@ def register_patches() -> list[type[Patch]]:
         redirect.Serialization,
         redirect.TensorDevices,
         redirect.ModuleDevices,
+        redirect.Storages,
         redirect.DeviceContext,
         redirect.GeneratorAndEvent,
         redirect.Autocast,

@@ -51,6 +51,7 @@ __all__ = [
     "ModuleDevices",
     "ScriptBuiltins",
     "Serialization",
+    "Storages",
     "TensorDevices",
     "redirect_patch",
 ]
@@ -258,6 +259,26 @@ class ModuleDevices(Patch):
         )
         yield redirect_patch("torch.nn.modules.module.Module.to", _TO)
         yield redirect_patch("torch.nn.modules.module.Module.to_empty", _DEVICE_KW)
+
+
+# --------------------------------------------------------------------------- storages
+
+
+def _storage_is_npu(self: Any) -> bool:
+    return bool(self.is_npu)
+
+
+class Storages(Patch):
+    """``UntypedStorage(n, device="cuda")`` -> NPU; ``TypedStorage.is_cuda`` = ``is_npu``."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        yield redirect_patch("torch.storage.UntypedStorage.__new__", (device(None, ints=True),))
+        yield AtomicPatch(
+            "torch.storage.TypedStorage.is_cuda",
+            property(_storage_is_npu, doc="True for a storage on the NPU (ascend-patch)."),
+            precheck=npu_runtime_importable,
+        )
 
 
 # --------------------------------------------------------------------------- context, generator

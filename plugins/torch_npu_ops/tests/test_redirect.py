@@ -435,3 +435,35 @@ def test_revert_restores_plain_torch(npu_emulator, isolated_patcher):
     ) == originals
     with pytest.raises((AssertionError, RuntimeError)):
         torch.zeros(1, device="cuda")
+
+
+# --------------------------------------------------------------------------- storages
+
+
+def test_untyped_storage_on_cuda_and_typed_storage_is_cuda(redirect, calls):
+    for spec in ("cuda", "cuda:0", torch.device("cuda", 0), 0):
+        storage = torch.UntypedStorage(8, device=spec)
+        assert storage.nbytes() == 8
+        assert storage.is_npu
+    assert torch.UntypedStorage(4).nbytes() == 4  # no device: untouched
+    assert calls("torch.storage.UntypedStorage.__new__") == (4, 1)
+    typed = torch.ones(3, device="cuda").storage()
+    assert typed.is_cuda and typed.is_npu
+    assert not torch.ones(3, device="meta").storage().is_cuda
+
+
+def test_memory_history_and_snapshots_come_from_the_npu(redirect, calls, tmp_path):
+    import pickle
+
+    import torch.cuda.memory
+
+    torch.cuda.memory._record_memory_history(max_entries=1000, device="cuda:0")
+    snapshot = torch.cuda.memory._snapshot()
+    assert snapshot == torch.npu.memory._snapshot()
+    path = tmp_path / "snapshot.pickle"
+    torch.cuda.memory._dump_snapshot(str(path))
+    with open(path, "rb") as file:
+        assert pickle.load(file)["segments"] == snapshot["segments"]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    assert calls("torch.cuda.memory._record_memory_history") == (2, 0)
+    assert calls("torch.cuda.memory._dump_snapshot") == (1, 0)
