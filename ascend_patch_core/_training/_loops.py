@@ -169,19 +169,7 @@ def _mmengine_train(host: LoopHost, original: Callable[..., Any]) -> Callable[..
             if not self.first:
                 host.loop_ended(name)
 
-    @functools.wraps(original)
-    def train(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not any(isinstance(hook, AscendPatchTrainingHook) for hook in self._hooks):
-            self.register_hook(AscendPatchTrainingHook(first=True), priority="HIGHEST")
-            self.register_hook(AscendPatchTrainingHook(first=False), priority="LOWEST")
-        try:
-            return original(self, *args, **kwargs)
-        except LoopBrake:
-            host.loop_escaped(name)
-        finally:
-            host.loop_ended(name)
-
-    return train
+    return _with_runner_hooks(host, name, original, AscendPatchTrainingHook)
 
 
 def _stop_mmengine_epoch_loop(loop: Any) -> None:
@@ -221,19 +209,7 @@ def _mmcv_run(host: LoopHost, name: str, original: Callable[..., Any]) -> Callab
             if not self.first:
                 host.loop_ended(name)
 
-    @functools.wraps(original)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not any(isinstance(hook, AscendPatchTrainingHook) for hook in self._hooks):
-            self.register_hook(AscendPatchTrainingHook(first=True), priority="HIGHEST")
-            self.register_hook(AscendPatchTrainingHook(first=False), priority="LOWEST")
-        try:
-            return original(self, *args, **kwargs)
-        except LoopBrake:
-            host.loop_escaped(name)
-        finally:
-            host.loop_ended(name)
-
-    return run
+    return _with_runner_hooks(host, name, original, AscendPatchTrainingHook)
 
 
 def _stop_mmcv_epoch_runner(runner: Any) -> None:
@@ -256,3 +232,28 @@ def _leave_epoch(
             return None
 
     return run_epoch
+
+
+def _with_runner_hooks(
+    host: LoopHost, name: str, original: Callable[..., Any], hook_class: Any
+) -> Callable[..., Any]:
+    """Wrap a runner's train/run method: register the hook pair once, end the loop cleanly.
+
+    mmengine's and mmcv 1.x's runners share the shape: hooks with priorities, one
+    registered first (HIGHEST) and one last (LOWEST) so the utilities see the step
+    before and after everyone else.
+    """
+
+    @functools.wraps(original)
+    def run_with_hooks(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not any(isinstance(hook, hook_class) for hook in self._hooks):
+            self.register_hook(hook_class(first=True), priority="HIGHEST")
+            self.register_hook(hook_class(first=False), priority="LOWEST")
+        try:
+            return original(self, *args, **kwargs)
+        except LoopBrake:
+            host.loop_escaped(name)
+        finally:
+            host.loop_ended(name)
+
+    return run_with_hooks
