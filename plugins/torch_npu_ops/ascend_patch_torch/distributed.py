@@ -12,6 +12,7 @@ instead of ``hccl`` (see :func:`npu_backend`), so these patches run and are test
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from ._calls import always
 from ._calls import cuda_check
 from ._calls import rewrite_call
 from .devices import NPU
+from .devices import to_npu_spec
 from .redirect import redirect_patch
 from .runtime import npu_runtime_importable
 
@@ -36,6 +38,7 @@ __all__ = [
     "is_hccl_available",
     "names_nccl",
     "npu_backend",
+    "npu_process_group_class",
     "to_hccl_backend",
 ]
 
@@ -179,8 +182,63 @@ def _is_hccl_available(original: Callable[..., Any]) -> Callable[..., Any]:
     return is_hccl_available
 
 
+def _collective_device(spec: Any) -> Any:
+    """The device whose collective backend serves NPU tensors: the NPU (the CPU under the emulator)."""
+    torch = sys.modules["torch"]
+    if emulated():
+        return torch.device("cpu")
+    return to_npu_spec(torch.device(spec) if isinstance(spec, str) else spec)
+
+
+def _get_backend_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def get_npu_backend(self: Any, device: Any) -> Any:
+        return original(self, _collective_device(device))
+
+    return get_npu_backend
+
+
+_GET_BACKEND_DEVICE = (Param(1, "device"),)
+
+
+def npu_process_group_class() -> Any:
+    """``ProcessGroupHCCL`` (``ProcessGroupGloo`` under the NPU emulator), or None."""
+    if emulated():
+        return getattr(sys.modules["torch.distributed"], "ProcessGroupGloo", None)
+    try:
+        c10d = importlib.import_module("torch_npu._C._distributed_c10d")
+    except ImportError:
+        return None
+    return getattr(c10d, "ProcessGroupHCCL", None)
+
+
+def _called(factory: Callable[[], Any]) -> Any:
+    # A replacement_wrapper: the value is computed at install (torch_npu imported by then).
+    return factory()
+
+
+def _has_npu_process_group() -> bool:
+    return npu_runtime_importable() and npu_process_group_class() is not None
+
+
+def _backend_map_for_npu(original: dict[str, str]) -> dict[str, str]:
+    """``Backend.default_device_backend_map`` without ``cuda`` (and with ``npu`` on the emulator).
+
+    ``init_process_group()`` without a backend picks the accelerator's entry; torch_npu
+    registers ``npu: hccl``, the emulator's NPU gets ``gloo``.
+    """
+    backends = {device: name for device, name in original.items() if device != "cuda"}
+    if emulated():
+        backends.setdefault(NPU, "gloo")
+    return backends
+
+
 class Distributed(Patch):
-    """``init_process_group("nccl")`` -> hccl; DDP / FSDP / DeviceMesh CUDA devices -> NPU."""
+    """``init_process_group("nccl")`` -> hccl; DDP / FSDP / DeviceMesh / pipelining CUDA devices -> NPU.
+
+    Also ``ProcessGroup._get_backend(cuda)``, ``ProcessGroupNCCL`` (= the NPU's process
+    group class) and the default backend map (no ``cuda`` entry).
+    """
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
@@ -210,4 +268,35 @@ class Distributed(Patch):
         )
         yield redirect_patch(
             "torch.distributed.device_mesh.DeviceMesh.__init__", (Param(1, "device_type"),)
+        )
+        yield AtomicPatch(
+            "torch.distributed.ProcessGroup._get_backend",
+            target_wrapper=_get_backend_rewriter,
+            runtime_check=cuda_check(_GET_BACKEND_DEVICE),
+            precheck=npu_runtime_importable,
+        )
+        # Two patches, not a target and an alias: a CPU or NPU build of torch has no
+        # ProcessGroupNCCL, and only a target can be created.
+        for module in ("torch.distributed.distributed_c10d", "torch.distributed"):
+            yield AtomicPatch(
+                f"{module}.ProcessGroupNCCL",
+                npu_process_group_class,
+                replacement_wrapper=_called,
+                create=True,
+                precheck=_has_npu_process_group,
+                after_import="torch_npu",
+            )
+        yield AtomicPatch(
+            "torch.distributed.distributed_c10d.Backend.default_device_backend_map",
+            target_wrapper=_backend_map_for_npu,
+            precheck=npu_runtime_importable,
+            after_import="torch_npu",
+        )
+        yield redirect_patch(
+            "torch.distributed.pipelining.stage.PipelineStage.__init__", (Param(4, "device"),)
+        )
+        yield redirect_patch(
+            "torch.distributed.pipelining.stage.build_stage",
+            (Param(3, "device"),),
+            aliases=("torch.distributed.pipelining.build_stage",),
         )

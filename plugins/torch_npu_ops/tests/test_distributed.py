@@ -105,3 +105,46 @@ def test_fsdp_with_a_cuda_device_id(process_group, calls):
     assert calls(
         "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel.__init__"
     ) == (1, 0)
+
+
+def test_get_backend_for_cuda_gives_the_npu_backend(process_group, calls):
+    group = dist.group.WORLD
+    assert group._get_backend(torch.device("cuda")) is group._get_backend(torch.device("cpu"))
+    assert calls("torch.distributed.ProcessGroup._get_backend")[0] == 1
+
+
+def test_process_group_nccl_is_the_npu_process_group(redirect):
+    # hccl's class on an NPU; gloo's under the emulator (its collectives run on gloo).
+    assert dist.ProcessGroupNCCL is dist.ProcessGroupGloo
+    assert dist.distributed_c10d.ProcessGroupNCCL is dist.ProcessGroupGloo
+
+
+def test_process_group_nccl_alias_is_removed_on_revert(npu_emulator, isolated_patcher):
+    from ascend_patch_torch.distributed import Distributed
+
+    had = hasattr(dist, "ProcessGroupNCCL")
+    isolated_patcher.add(Distributed).apply()
+    assert hasattr(dist, "ProcessGroupNCCL")
+    isolated_patcher.revert()
+    assert hasattr(dist, "ProcessGroupNCCL") == had
+
+
+def test_init_process_group_without_a_backend_uses_the_npu_one(redirect, tmp_path):
+    assert "cuda" not in dist.Backend.default_device_backend_map
+    # Without the patch torch finds no backend for the npu accelerator under the emulator
+    # (torch_npu registers npu: hccl; the emulator's NPU gets gloo).
+    dist.init_process_group(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert dist.get_backend_config() == "npu:gloo"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_pipeline_stage_on_cuda_is_built_on_the_npu(process_group, calls):
+    from torch.distributed.pipelining import PipelineStage
+
+    stage = PipelineStage(torch.nn.Linear(2, 2), 0, 1, "cuda")
+    assert torch.device(stage.device) == torch.device("npu")
+    stage = PipelineStage(torch.nn.Linear(2, 2), 0, 1, device=torch.device("cuda", 0))
+    assert stage.device == torch.device("npu", 0)
+    assert calls("torch.distributed.pipelining.stage.PipelineStage.__init__") == (2, 0)
