@@ -15,6 +15,7 @@ from ascend_patch_core import hookimpl
 from . import batch_matmul
 from . import cuda_api
 from . import distributed
+from . import internals
 from . import numpy_compat
 from . import optimizers
 from . import profiler
@@ -66,6 +67,7 @@ def register_patches() -> list[type[Patch]]:
         redirect.GeneratorAndEvent,
         redirect.Autocast,
         redirect.ScriptBuiltins,
+        internals.TorchInternals,
         distributed.Distributed,
         profiler.Profiler,
         # The seed's table.
