@@ -23,14 +23,29 @@ from ascend_patch_core import Patch
 __all__ = ["NpuRuntime", "import_npu_runtime", "npu_runtime_importable"]
 
 
+_lookup: tuple[tuple[object, ...], bool] | None = None
+
+
 def npu_runtime_importable() -> bool:
-    """Whether ``import torch_npu`` can work here (no import is done)."""
+    """Whether ``import torch_npu`` can work here (no import is done).
+
+    Every redirect patch asks this in its precheck -- some 150 times in one
+    ``apply()`` -- and ``find_spec`` costs ~100 us, so the answer is remembered for
+    as long as the import system looks the same (the finders on ``sys.meta_path``,
+    which the emulator adds to, and ``sys.path``).
+    """
+    global _lookup
     if "torch_npu" in sys.modules:
         return True
+    key = (*map(id, sys.meta_path), *sys.path)
+    if _lookup is not None and _lookup[0] == key:
+        return _lookup[1]
     try:
-        return importlib.util.find_spec("torch_npu") is not None
+        found = importlib.util.find_spec("torch_npu") is not None
     except (ImportError, ValueError):
-        return False
+        found = False
+    _lookup = (key, found)
+    return found
 
 
 def import_npu_runtime(module: Any) -> list[AtomicPatch]:
