@@ -954,7 +954,7 @@ class Patcher:
         if site.slot is not None or entry.state != APPLIED:
             return
         self._settle_initializing(site.path)
-        found = resolve(site.path)
+        found = resolve(site.path, create=entry.patch.create)
         if isinstance(found, Waiting):
             entry.record.aliases[path] = f"pending: waiting for import of {found.module}"
             with self._lock:
@@ -982,6 +982,8 @@ class Patcher:
             return
         try:
             original = inner_callable(found.raw)
+            if original is ABSENT:  # create=True: the alias slot is made too
+                original = None
             new_inner = (
                 entry.new_inner if original is entry.original else self._build(entry, original)
             )

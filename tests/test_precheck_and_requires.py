@@ -72,3 +72,21 @@ def test_falsy_precheck_results_skip(make_package, patcher: Patcher, value: obje
     ).apply()
     __import__(f"{pkg}.core")
     assert report.get(f"{pkg}.core.f").reason == "precheck returned False"
+
+
+def test_create_applies_to_aliases_and_revert_removes_them(make_package, patcher: Patcher) -> None:
+    """create=True makes missing alias slots too (same object as the target); revert deletes both."""
+    pkg = make_package({"a.py": "X = 1\n", "b.py": "Y = 2\n"})
+
+    class NCCL:
+        pass
+
+    report = patcher.add(
+        AtomicPatch(f"{pkg}.a.PG", NCCL, aliases=[f"{pkg}.b.PG"], create=True)
+    ).apply()
+    a = __import__(f"{pkg}.a", fromlist=["X"])
+    b = __import__(f"{pkg}.b", fromlist=["Y"])
+    assert a.PG is NCCL and b.PG is NCCL
+    assert report.get(f"{pkg}.a.PG").aliases == {f"{pkg}.b.PG": "applied"}
+    patcher.revert()
+    assert not hasattr(a, "PG") and not hasattr(b, "PG")
