@@ -506,6 +506,21 @@ class Patcher:
                     )
                     self._records.append(record)
                     continue
+                unmet = self._unmet_group_requirement(group)
+                if unmet is not None:
+                    # Checked before patches() runs: a group that cannot apply here costs
+                    # one metadata lookup, not the building of all its patches.
+                    record = Record(
+                        "group",
+                        group.name,
+                        group.name,
+                        Status.SKIPPED,
+                        unmet,
+                        group.name,
+                        provenance,
+                    )
+                    self._records.append(record)
+                    continue
                 try:
                     children = list(group.patches(options))
                 except Exception as exc:
@@ -548,6 +563,16 @@ class Patcher:
         self._hooks.extend(hooks)
         self._legacy.extend(legacy)
         return dependency_order(entries), hooks, legacy
+
+    @staticmethod
+    def _unmet_group_requirement(group: type[Patch]) -> str | None:
+        from ._patch import normalize_requires
+
+        for requirement in normalize_requires(group.requires, f"{group.__qualname__}.requires"):
+            ok, why = check_requirement(requirement, metadata)
+            if not ok:
+                return f"requires {requirement}: {why}"
+        return None
 
     def _new_entry(
         self, patch: AtomicPatch, group: type[Patch] | None, provenance: Provenance

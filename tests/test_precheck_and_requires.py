@@ -90,3 +90,26 @@ def test_create_applies_to_aliases_and_revert_removes_them(make_package, patcher
     assert report.get(f"{pkg}.a.PG").aliases == {f"{pkg}.b.PG": "applied"}
     patcher.revert()
     assert not hasattr(a, "PG") and not hasattr(b, "PG")
+
+
+def test_group_requirement_is_checked_before_its_patches_are_built(patcher: Patcher) -> None:
+    """A Patch group whose requires= is unmet is one SKIPPED group record; patches() never runs."""
+    from ascend_patch_core import Patch
+
+    calls = []
+
+    class NeedsNpu(Patch):
+        requires = "not-a-real-dist-xyz>=1"
+
+        @classmethod
+        def patches(cls, options=None):
+            calls.append(1)
+            return [AtomicPatch("nowhere.mod.f", lambda: None)]
+
+    report = patcher.add(NeedsNpu).apply()
+    record = report.get("NeedsNpu")
+    assert (record.kind, record.status) == ("group", Status.SKIPPED)
+    assert "not-a-real-dist-xyz" in (record.reason or "") and "not installed" in (
+        record.reason or ""
+    )
+    assert calls == []

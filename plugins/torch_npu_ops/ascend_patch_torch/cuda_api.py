@@ -28,6 +28,7 @@ from ._calls import Param
 from ._calls import always
 from ._calls import device
 from ._calls import rewrite_call
+from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
@@ -225,6 +226,8 @@ def _alias(module: str, name: str) -> tuple[str, ...]:
 
 class CudaApi(Patch):
     """``torch.cuda`` functions and classes -> ``torch.npu`` (counted per call)."""
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:

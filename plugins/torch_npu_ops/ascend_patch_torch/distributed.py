@@ -28,6 +28,7 @@ from ._calls import rewrite_call
 from .devices import NPU
 from .devices import to_npu_spec
 from .redirect import redirect_patch
+from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
@@ -239,6 +240,8 @@ class Distributed(Patch):
     Also ``ProcessGroup._get_backend(cuda)``, ``ProcessGroupNCCL`` (= the NPU's process
     group class) and the default backend map (no ``cuda`` entry).
     """
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:

@@ -29,6 +29,7 @@ from ._calls import Param
 from ._calls import always
 from .devices import NPU
 from .redirect import redirect_patch
+from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
@@ -62,6 +63,8 @@ def _allowed_methods(original: list[Any]) -> AllowedMethods:
 
 class TorchInternals(Patch):
     """Accelerator detection, lazy-module method checks and extension include paths -> NPU."""
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:

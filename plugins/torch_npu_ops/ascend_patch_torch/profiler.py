@@ -26,6 +26,7 @@ from typing import Any
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import Patch
 
+from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
@@ -73,6 +74,8 @@ def _drop_cuda_activity(original: Callable[..., Any]) -> Callable[..., Any]:
 
 class Profiler(Patch):
     """``torch.profiler`` with ``ProfilerActivity.CUDA`` -> the NPU (torch_npu.profiler)."""
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:

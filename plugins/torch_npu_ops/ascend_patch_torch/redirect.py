@@ -40,6 +40,7 @@ from ._calls import device
 from .devices import NPU
 from .devices import is_cuda_spec
 from .devices import to_npu_spec
+from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
@@ -132,6 +133,8 @@ _DEVICE_KW = (device(ints=True),)
 class FactoryDevices(Patch):
     """``torch.zeros(..., device="cuda")`` and the other factories -> NPU."""
 
+    requires = NPU_RUNTIME
+
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
         for name in _KEYWORD_FACTORIES:
@@ -177,6 +180,8 @@ def _load_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
 class Serialization(Patch):
     """``torch.load``: ``map_location="cuda"`` -> NPU; without one, CUDA storages load onto the NPU."""
 
+    requires = NPU_RUNTIME
+
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
         yield AtomicPatch(
@@ -220,6 +225,8 @@ _TO = (device(1, ints=True),)
 class TensorDevices(Patch):
     """``Tensor.cuda()``, ``.to("cuda")``, ``is_cuda``, ``new_*``, ``pin_memory`` -> NPU."""
 
+    requires = NPU_RUNTIME
+
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
         yield AtomicPatch(
@@ -249,6 +256,8 @@ class TensorDevices(Patch):
 class ModuleDevices(Patch):
     """``Module.cuda()``, ``.to("cuda")``, ``.to_empty(device="cuda")`` -> NPU."""
 
+    requires = NPU_RUNTIME
+
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
         yield AtomicPatch(
@@ -271,6 +280,8 @@ def _storage_is_npu(self: Any) -> bool:
 class Storages(Patch):
     """``UntypedStorage(n, device="cuda")`` -> NPU; ``TypedStorage.is_cuda`` = ``is_npu``."""
 
+    requires = NPU_RUNTIME
+
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
         yield redirect_patch("torch.storage.UntypedStorage.__new__", (device(None, ints=True),))
@@ -286,6 +297,8 @@ class Storages(Patch):
 
 class DeviceContext(Patch):
     """``with torch.device("cuda"):`` (and ``set_default_device``) -> NPU."""
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
@@ -317,6 +330,8 @@ class GeneratorAndEvent(Patch):
     installed, so ``isinstance`` keeps working and an earlier stand-in (the NPU
     emulator's) still builds the objects.
     """
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
@@ -361,6 +376,8 @@ class ScriptBuiltins(Patch):
     calling ``torch.zeros`` would fail. Scripted code runs the plain aten op (its
     device arguments are not redirected), as it would without ascend-patch.
     """
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
@@ -413,6 +430,8 @@ def _gpu_dtype_setter(original: Callable[..., Any]) -> Callable[..., Any]:
 
 class Autocast(Patch):
     """``torch.autocast("cuda")``, ``torch.cuda.amp.*``, ``torch.amp.*(device_type="cuda")`` -> NPU."""
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:

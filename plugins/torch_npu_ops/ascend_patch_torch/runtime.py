@@ -20,7 +20,12 @@ from ascend_patch_core import ModuleHook
 from ascend_patch_core import Patch
 
 
-__all__ = ["NpuRuntime", "import_npu_runtime", "npu_runtime_importable"]
+__all__ = ["NPU_RUNTIME", "NpuRuntime", "import_npu_runtime", "npu_runtime_importable"]
+
+#: The requirement of every group that redirects to the NPU. Checked from metadata
+#: before the group's patches are even built (the emulator counts as installed), so
+#: a machine without torch_npu pays one lookup per group, not one per patch.
+NPU_RUNTIME = "torch-npu"
 
 
 _lookup: tuple[tuple[object, ...], bool] | None = None
@@ -57,6 +62,8 @@ def import_npu_runtime(module: Any) -> list[AtomicPatch]:
 
 class NpuRuntime(Patch):
     """Import torch_npu as soon as torch is imported (the redirect needs ``torch.npu``)."""
+
+    requires = NPU_RUNTIME
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
