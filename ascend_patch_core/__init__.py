@@ -16,7 +16,10 @@ Importing this package imports no torch and no target library; ``apply()`` neith
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from typing import Any
 
 from ._env import EnvSetting
 from ._errors import ImportRuleError
@@ -27,7 +30,6 @@ from ._errors import PluginError
 from ._errors import SkipPatch
 from ._errors import StubUsageError
 from ._hookspecs import hookimpl
-from ._legacy import PatcherBuilder
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
@@ -41,8 +43,20 @@ from ._rules import ImportRule
 from ._rules import InjectImport
 from ._rules import ReplaceImport
 from ._rules import SkipImport
-from ._stubs import is_stub
-from ._with_imports import with_imports
+
+
+if TYPE_CHECKING:
+    from ._legacy import PatcherBuilder
+    from ._stubs import is_stub
+    from ._with_imports import with_imports
+
+# Loaded on first use: start-up time inside a training process is budgeted
+# (docs/benchmarks.md), and most programs never touch these.
+_LAZY = {
+    "PatcherBuilder": "._legacy",
+    "is_stub": "._stubs",
+    "with_imports": "._with_imports",
+}
 
 
 __all__ = [
@@ -105,7 +119,12 @@ def revert() -> Report:
     return default_patcher.revert()
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
     if name == "__version__":
         from importlib.metadata import version
 

@@ -76,8 +76,6 @@ from ._rules import ImportRule
 from ._rules import InjectImport
 from ._rules import ReplaceImport
 from ._rules import SkipImport
-from ._stale import find_holders
-from ._stale import loaded_modules
 from ._target import ABSENT
 from ._target import Missing
 from ._target import Slot
@@ -89,8 +87,6 @@ from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
 from ._target import resolve_string
-from ._with_imports import lazy_imports_of
-from ._wrappers import make_runtime_check_wrapper
 
 
 __all__ = ["Patcher"]
@@ -944,6 +940,8 @@ class Patcher:
                     "runtime_check needs a callable replacement and a callable original"
                 )
             assert entry.counters is not None
+            from ._wrappers import make_runtime_check_wrapper
+
             replacement = make_runtime_check_wrapper(
                 patch.runtime_check, function, original, entry.counters
             )
@@ -953,7 +951,12 @@ class Patcher:
 
     def _watch_with_imports(self, entry: Entry, site: Site) -> None:
         """After a with_imports trampoline's first call, install the function itself."""
-        state = lazy_imports_of(inner_callable(site.installed))
+        inner = inner_callable(site.installed)
+        if getattr(inner, "__ascend_patch_with_imports__", None) is None:
+            return  # the common case: no with_imports trampoline, nothing to import
+        from ._with_imports import lazy_imports_of
+
+        state = lazy_imports_of(inner)
         if state is None:
             return
         trampoline_raw = site.installed
@@ -1067,6 +1070,8 @@ class Patcher:
         state.handle = hub.watch_pattern(hook.pattern, functools.partial(self._visit_hook, state))
         state.record.set(Status.APPLIED, "watching")
         produced: list[Entry] = []
+        from ._stale import loaded_modules
+
         for name, module in sorted(loaded_modules().items(), key=lambda kv: kv[0]):
             if module is not None and fnmatch.fnmatchcase(name, hook.pattern):
                 produced.extend(self._visit(state, module))
@@ -1231,6 +1236,8 @@ class Patcher:
             for s in (e.primary, *e.alias_sites)
             if s.slot is not None
         }
+        from ._stale import find_holders
+
         holders = find_holders(originals, exclude, own_modules(candidates))
         for entry in candidates:
             found = holders.get(id(entry.original), [])
@@ -1340,6 +1347,8 @@ class Patcher:
             owners.add(id(slot.owner))
         if not pairs:
             return
+        from ._stale import find_holders
+
         holders = find_holders({k: v[0] for k, v in pairs.items()}, owners, own_modules(entries))
         for key, found in holders.items():
             installed, original = pairs[key]

@@ -21,7 +21,6 @@ from ._errors import PatchDefinitionError
 from ._hub import hub
 from ._report import Record
 from ._report import Status
-from ._stubs import new_stub_module
 from ._target import is_dotted_name
 
 
@@ -122,6 +121,8 @@ class SkipImport(_ServedRule):
         return True
 
     def build(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        from ._stubs import new_stub_module
+
         return new_stub_module(fullname)
 
 
