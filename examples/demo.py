@@ -10,12 +10,22 @@ migration package (the shape of ``migrate_to_ascend/`` in the seed's layout) dec
   replacement, anything else falls back to the original;
 
 and ``apply()`` is called *before* the project is imported, without importing it.
+Part two runs ``examples/torch_amp_loop/train.py`` -- a plain CUDA training loop
+with AMP, ``.cuda()`` and ``torch.cuda`` calls -- unmodified under ``ascend-patch run
+--emulate-npu``: the installed torch plugin redirects its CUDA calls to ``torch.npu``,
+which the NPU emulator provides on the CPU. Its losses are compared with a CPU
+reference run of the same script. Everything there is *emulated*: the NPU code paths
+run, on the CPU, with no claim about NPU speed.
+
 Run with ``python3 dev.py demo``.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -92,8 +102,55 @@ def main() -> int:
     from cuda_project.layers import RMSNorm
 
     assert RMSNorm.forward.__qualname__ == "RMSNorm.forward"
-    print("\nRMSNorm.forward is the project's own again.")
-    return 0
+    print("\nRMSNorm.forward is the project's own again.\n")
+    return run_cuda_example()
+
+
+def run_cuda_example() -> int:
+    """Part two: an unmodified CUDA training loop under `ascend-patch run --emulate-npu`."""
+    example = Path(__file__).resolve().parent / "torch_amp_loop" / "train.py"
+    print("6. examples/torch_amp_loop/train.py, a CUDA training loop nobody edited, run twice:")
+    with tempfile.TemporaryDirectory() as tmp:
+        common = ["--epochs", "3", "--checkpoint", str(Path(tmp) / "model.pt")]
+        cpu_out, npu_out, report = (Path(tmp) / n for n in ("cpu.json", "npu.json", "report.json"))
+        reference = [
+            sys.executable,
+            str(example),
+            "--device",
+            "cpu",
+            "--out",
+            str(cpu_out),
+            *common,
+        ]
+        emulated = [
+            sys.executable, "-m", "ascend_patch_core._cli", "run", "--emulate-npu",
+            "--report", str(report), str(example), "--out", str(npu_out), *common,
+        ]  # fmt: skip
+        for command in (reference, emulated):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(done.stdout, done.stderr, sep="\n")
+                return done.returncode
+        cpu = json.loads(cpu_out.read_text())
+        npu = json.loads(npu_out.read_text())
+        print("   epoch   CPU reference   ascend-patch run --emulate-npu (emulated NPU)")
+        for a, b in zip(cpu, npu, strict=True):
+            if "epoch" in a:
+                print(f"   {a['epoch']:>5}   {a['loss']:>13.6f}   {b['loss']:>13.6f}")
+        same = all(
+            abs(a.get("loss", 0) - b.get("loss", 0)) < 1e-5 for a, b in zip(cpu, npu, strict=True)
+        )
+        print(f"   same losses: {same}")
+        records = json.loads(report.read_text())["processes"][0]["report"]["records"]
+        redirected = sorted(
+            (r["counters"]["replacement_calls"], r["name"])
+            for r in records
+            if r.get("counters") and r["counters"]["replacement_calls"]
+        )
+        print(f"   CUDA calls redirected to torch.npu, by patch ({len(redirected)} patches):")
+        for calls, name in reversed(redirected[-8:]):
+            print(f"   {calls:>6}  {name}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

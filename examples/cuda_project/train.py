@@ -10,7 +10,7 @@ def main() -> float:
     x = torch.randn(4, 16)
     loss = model(x).pow(2).mean()
     loss.backward()
-    return float(loss)
+    return loss.item()
 
 
 if __name__ == "__main__":
