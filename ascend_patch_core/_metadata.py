@@ -3,10 +3,10 @@
 ``import importlib.metadata`` alone costs ~27 ms in a fresh interpreter here and a
 scan of ~150 distributions another 4-13 ms, more than the whole start-up budget of
 ``apply()`` (docs/benchmarks.md). Like stevedore, the answers are cached on disk,
-keyed by the interpreter and by the modification times of every ``sys.path`` entry
-(installing or removing a distribution changes its directory's mtime -- the same
-signal CPython's own FileFinder cache relies on). A cache hit imports neither
-importlib.metadata nor packaging. The cache is a ``marshal`` file: no import cost.
+keyed by the interpreter and by the name and modification time of every
+distribution metadata directory (``*.dist-info``, ``*.egg-info``) on ``sys.path``:
+installing, upgrading, reinstalling or removing a distribution changes that key.
+A cache hit imports neither importlib.metadata nor packaging. The cache is a ``marshal`` file: no import cost.
 
 Controls: ``ASCEND_PATCH_CACHE=0`` disables it; ``ASCEND_PATCH_CACHE_DIR`` moves it
 (default ``$XDG_CACHE_HOME/ascend-patch`` or ``~/.cache/ascend-patch``).
@@ -26,7 +26,9 @@ from typing import NamedTuple
 
 __all__ = ["EntryPointInfo", "MetadataCache", "metadata", "normalize_name"]
 
-_FORMAT = 1
+_FORMAT = 2
+# Directories and files that carry a distribution's metadata (entry points, version).
+_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 
 
 def normalize_name(name: str) -> str:
@@ -88,13 +90,31 @@ class MetadataCache:
 
     @staticmethod
     def fingerprint() -> str:
+        """What the answers depend on: every distribution's metadata directory on sys.path.
+
+        Not the sys.path directories' own mtimes: those change whenever anything is
+        written there (a training script's checkpoints in the working directory, a
+        ``__pycache__``), which made the cache miss on almost every run.
+        """
         parts = [sys.executable, sys.prefix, str(_FORMAT)]
         for entry in sys.path:
+            path = entry or "."
             try:
-                st = os.stat(entry or ".")
-                parts.append(f"{entry}\0{st.st_mtime_ns}")
+                if not os.path.isdir(path):  # a zip or egg file
+                    parts.append(f"{entry}\0{os.stat(path).st_mtime_ns}")
+                    continue
+                with os.scandir(path) as entries:
+                    found = [
+                        f"{e.name}\0{e.stat().st_mtime_ns}"
+                        for e in entries
+                        if e.name.endswith(_METADATA_SUFFIXES)
+                    ]
             except OSError:
                 parts.append(f"{entry}\0-")
+                continue
+            found.sort()
+            parts.append(entry)
+            parts.extend(found)
         return hashlib.sha1("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
     @staticmethod

@@ -1,0 +1,46 @@
+"""The on-disk metadata cache survives unrelated writes and notices new distributions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+PROBE = (
+    "import ascend_patch_core, sys\n"
+    "from ascend_patch_core._metadata import metadata\n"
+    "ascend_patch_core.apply(autoload=True)\n"
+    "print(metadata.hit, 'packaging' in sys.modules)\n"
+)
+
+
+def _probe(site: Path, cache: Path, cwd: Path) -> tuple[bool, bool]:
+    env = dict(os.environ, ASCEND_PATCH_CACHE_DIR=str(cache))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, cwd=cwd, capture_output=True, text=True, check=True
+    )
+    hit, packaging = out.stdout.split()
+    return hit == "True", packaging == "True"
+
+
+def _dist(site: Path, name: str) -> None:
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+
+
+def test_cache_survives_unrelated_writes_and_sees_new_distributions(tmp_path: Path) -> None:
+    """Files written next to the program (checkpoints, logs) keep the cache warm; a new dist-info misses it."""
+    site, cache, work = tmp_path / "site", tmp_path / "cache", tmp_path / "work"
+    work.mkdir()
+    _dist(site, "apx-cache-a")
+    assert _probe(site, cache, work)[0] is False  # first run fills the cache
+    assert _probe(site, cache, work) == (True, False)  # warm: no packaging import
+    (work / "checkpoint.pt").write_bytes(b"x")  # the program writes into its working directory
+    (site / "unrelated.txt").write_text("x")
+    assert _probe(site, cache, work)[0] is True
+    _dist(site, "apx-cache-b")  # a new distribution is installed
+    assert _probe(site, cache, work)[0] is False
