@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from collections.abc import Mapping
 
@@ -39,9 +38,6 @@ class EnvSetting:
 
     def __repr__(self) -> str:
         return f"EnvSetting({self.name!r}, {self.value!r}, why={self.why!r})"
-
-    def user_value(self) -> str | None:
-        return os.environ.get(self.name)
 
 
 def normalize_env(result: object) -> list[EnvSetting]:

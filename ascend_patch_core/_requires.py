@@ -36,7 +36,9 @@ def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
     Under the NPU emulator, ``torch-npu`` has the emulated version (never cached:
     the emulation ends with the process or with ``deactivate()``).
     """
-    emulated = _emulated_torch_npu() is not None and "torch" in text and "npu" in text
+    emulated = _emulated_torch_npu() is not None and any(
+        _distribution_name(alternative) == "torch-npu" for alternative in text.split("|")
+    )
     cached = None if emulated else cache.cached_requirement(text)
     if cached is not None:
         return cached
@@ -53,6 +55,11 @@ def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
     if not emulated:
         cache.store_requirement(text, result)
     return result
+
+
+def _distribution_name(text: str) -> str | None:
+    match = re.match(_HEAD, text)
+    return normalize_name(match.group(1)) if match else None
 
 
 def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:

@@ -32,7 +32,6 @@ from ._hub import initializing
 __all__ = [
     "ABSENT",
     "Missing",
-    "Resolved",
     "Slot",
     "TargetPath",
     "Waiting",
@@ -197,7 +196,6 @@ class Slot(NamedTuple):
         return f"{self.module}:{self.key}" if self.kind == "module" else self.key
 
 
-Resolved = Slot
 ABSENT = object()
 
 
