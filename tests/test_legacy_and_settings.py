@@ -124,7 +124,8 @@ def test_allow_internal_format_waits_for_torch_npu_and_reverts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """allow_internal_format() sets torch.npu.config when torch_npu is imported, and revert restores it."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     config = types.SimpleNamespace(allow_internal_format=True)
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(config=config), raising=False)
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)

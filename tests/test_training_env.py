@@ -6,13 +6,12 @@ import os
 import types
 
 import pytest
+from ascend_patch_torch import env
+from ascend_patch_torch import plugin
 
 from ascend_patch_core import Patcher
 from ascend_patch_core import Status
 
-
-plugin = pytest.importorskip("ascend_patch_torch.plugin")
-env = pytest.importorskip("ascend_patch_torch.env")
 
 NAMES = [setting.name for setting in env.RECOMMENDED]
 

@@ -9,14 +9,12 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from ascend_patch_core import Patcher
 from ascend_patch_core import Status
 from ascend_patch_core._training._profiler import ProfilingOptions
 from ascend_patch_core._training._profiler import _build_profiler
-
-
-torch = pytest.importorskip("torch")
 
 
 def traced_steps(directory: Path) -> list[list[int]]:

@@ -8,14 +8,13 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import PatchDefinitionError
 from ascend_patch_core import Patcher
 from ascend_patch_core import Status
 
-
-torch = pytest.importorskip("torch")
 
 LAYERS = """
 import torch
