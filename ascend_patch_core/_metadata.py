@@ -94,7 +94,10 @@ class MetadataCache:
 
         Not the sys.path directories' own mtimes: those change whenever anything is
         written there (a training script's checkpoints in the working directory, a
-        ``__pycache__``), which made the cache miss on almost every run.
+        ``__pycache__``), which made the cache miss on almost every run. Nor the names
+        of directories that hold no metadata: ``sys.path[0]`` is the script's directory
+        (or ``''`` for ``python -c``), so naming it made every program, and every
+        working directory, overwrite the cache the previous one had written.
         """
         parts = [sys.executable, sys.prefix, str(_FORMAT)]
         for entry in sys.path:
@@ -112,9 +115,10 @@ class MetadataCache:
             except OSError:
                 parts.append(f"{entry}\0-")
                 continue
-            found.sort()
-            parts.append(entry)
-            parts.extend(found)
+            if found:
+                found.sort()
+                parts.append(entry)
+                parts.extend(found)
         return hashlib.sha1("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
     @staticmethod

@@ -44,3 +44,17 @@ def test_cache_survives_unrelated_writes_and_sees_new_distributions(tmp_path: Pa
     assert _probe(site, cache, work)[0] is True
     _dist(site, "apx-cache-b")  # a new distribution is installed
     assert _probe(site, cache, work)[0] is False
+
+
+def test_cache_is_shared_by_programs_in_different_directories(tmp_path: Path) -> None:
+    """sys.path[0] is the program's directory: without metadata there, it must not change the key."""
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    _dist(site, "apx-cache-c")
+    assert _probe(site, cache, one)[0] is False
+    assert _probe(site, cache, two) == (True, False)
+    assert _probe(site, cache, one) == (True, False)
+    _dist(two, "apx-cache-d")  # a distribution next to the program does count
+    assert _probe(site, cache, two)[0] is False
