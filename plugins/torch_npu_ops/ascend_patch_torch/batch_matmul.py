@@ -19,12 +19,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["BatchMatmul", "batch_matvec", "is_batched_matvec"]
+__all__ = ["batch_matmul_patches", "batch_matvec", "is_batched_matvec"]
 
 _types: tuple[Any, tuple[Any, ...]] | None = None
 
@@ -64,17 +63,12 @@ def batch_matvec(a: Any, b: Any) -> Any:
     return (a * b.transpose(-1, -2)).sum(-1, keepdim=True)
 
 
-class BatchMatmul(Patch):
-    """``torch.matmul`` / ``Tensor.matmul`` / ``@`` with a column right operand -> mul + sum."""
-
-    legacy_name = "batch_matmul"
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for target in ("torch.matmul", "torch.Tensor.matmul", "torch.Tensor.__matmul__"):
-            yield AtomicPatch(
-                target,
-                batch_matvec,
-                runtime_check=is_batched_matvec,
-                precheck=npu_runtime_importable,
-            )
+def batch_matmul_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.BatchMatmul`."""
+    for target in ("torch.matmul", "torch.Tensor.matmul", "torch.Tensor.__matmul__"):
+        yield AtomicPatch(
+            target,
+            batch_matvec,
+            runtime_check=is_batched_matvec,
+            precheck=npu_runtime_importable,
+        )

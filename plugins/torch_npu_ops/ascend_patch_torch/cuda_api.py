@@ -22,17 +22,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 from ._calls import Param
 from ._calls import always
 from ._calls import device
 from ._calls import rewrite_call
-from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["CudaApi", "npu_module", "to_npu_function", "to_npu_memory_function"]
+__all__ = ["cuda_api_patches", "npu_module", "to_npu_function", "to_npu_memory_function"]
 
 
 def npu_module() -> Any:
@@ -224,39 +222,34 @@ def _alias(module: str, name: str) -> tuple[str, ...]:
     return (f"torch.cuda.{module}.{name}",) if module else ()
 
 
-class CudaApi(Patch):
-    """``torch.cuda`` functions and classes -> ``torch.npu`` (counted per call)."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for name, (module, params) in _FUNCTIONS.items():
-            yield AtomicPatch(
-                f"torch.cuda.{name}",
-                to_npu_function(name, params),
-                aliases=_alias(module, name),
-                runtime_check=always,
-                precheck=npu_runtime_importable,
-            )
+def cuda_api_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.CudaApi`."""
+    for name, (module, params) in _FUNCTIONS.items():
         yield AtomicPatch(
-            "torch.cuda.is_bf16_supported",
-            _is_bf16_supported,
+            f"torch.cuda.{name}",
+            to_npu_function(name, params),
+            aliases=_alias(module, name),
             runtime_check=always,
             precheck=npu_runtime_importable,
         )
-        for name in _MEMORY_HISTORY:
-            yield AtomicPatch(
-                f"torch.cuda.memory.{name}",
-                to_npu_memory_function(name),
-                runtime_check=always,
-                precheck=npu_runtime_importable,
-            )
-        for name, (module, npu_name) in _CLASSES.items():
-            yield AtomicPatch(
-                f"torch.cuda.{name}",
-                target_wrapper=_class_from_npu(npu_name),
-                aliases=_alias(module, name),
-                precheck=_npu_class(npu_name),
-                after_import="torch_npu",
-            )
+    yield AtomicPatch(
+        "torch.cuda.is_bf16_supported",
+        _is_bf16_supported,
+        runtime_check=always,
+        precheck=npu_runtime_importable,
+    )
+    for name in _MEMORY_HISTORY:
+        yield AtomicPatch(
+            f"torch.cuda.memory.{name}",
+            to_npu_memory_function(name),
+            runtime_check=always,
+            precheck=npu_runtime_importable,
+        )
+    for name, (module, npu_name) in _CLASSES.items():
+        yield AtomicPatch(
+            f"torch.cuda.{name}",
+            target_wrapper=_class_from_npu(npu_name),
+            aliases=_alias(module, name),
+            precheck=_npu_class(npu_name),
+            after_import="torch_npu",
+        )

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 from ._calls import Param
 from ._calls import always
@@ -28,13 +27,12 @@ from ._calls import rewrite_call
 from .devices import NPU
 from .devices import to_npu_spec
 from .redirect import redirect_patch
-from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
 __all__ = [
     "HCCL",
-    "Distributed",
+    "distributed_patches",
     "emulated",
     "is_hccl_available",
     "names_nccl",
@@ -234,72 +232,63 @@ def _backend_map_for_npu(original: dict[str, str]) -> dict[str, str]:
     return backends
 
 
-class Distributed(Patch):
-    """``init_process_group("nccl")`` -> hccl; DDP / FSDP / DeviceMesh / pipelining CUDA devices -> NPU.
-
-    Also ``ProcessGroup._get_backend(cuda)``, ``ProcessGroupNCCL`` (= the NPU's process
-    group class) and the default backend map (no ``cuda`` entry).
-    """
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield _backend_patch("init_process_group", Param(0, "backend"), (Param(None, "device_id"),))
-        yield _backend_patch("new_group", Param(2, "backend"), (Param(None, "device_id"),))
+def distributed_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.Distributed`."""
+    yield _backend_patch("init_process_group", Param(0, "backend"), (Param(None, "device_id"),))
+    yield _backend_patch("new_group", Param(2, "backend"), (Param(None, "device_id"),))
+    yield AtomicPatch(
+        "torch.distributed.distributed_c10d.is_nccl_available",
+        target_wrapper=_is_hccl_available,
+        runtime_check=always,
+        precheck=npu_runtime_importable,
+        aliases=("torch.distributed.is_nccl_available",),
+    )
+    yield AtomicPatch(
+        "torch.nn.parallel.distributed.DistributedDataParallel.__init__",
+        target_wrapper=_ddp_rewriter,
+        runtime_check=_ddp_check,
+        precheck=npu_runtime_importable,
+    )
+    yield redirect_patch(
+        "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel.__init__",
+        (Param(10, "device_id"),),
+    )
+    yield redirect_patch(
+        "torch.distributed.device_mesh.init_device_mesh",
+        (Param(0, "device_type"),),
+        aliases=("torch.distributed.init_device_mesh",),
+    )
+    yield redirect_patch(
+        "torch.distributed.device_mesh.DeviceMesh.__init__", (Param(1, "device_type"),)
+    )
+    yield AtomicPatch(
+        "torch.distributed.ProcessGroup._get_backend",
+        target_wrapper=_get_backend_rewriter,
+        runtime_check=cuda_check(_GET_BACKEND_DEVICE),
+        precheck=npu_runtime_importable,
+    )
+    # Two patches, not a target and an alias: a CPU or NPU build of torch has no
+    # ProcessGroupNCCL, and only a target can be created.
+    for module in ("torch.distributed.distributed_c10d", "torch.distributed"):
         yield AtomicPatch(
-            "torch.distributed.distributed_c10d.is_nccl_available",
-            target_wrapper=_is_hccl_available,
-            runtime_check=always,
-            precheck=npu_runtime_importable,
-            aliases=("torch.distributed.is_nccl_available",),
-        )
-        yield AtomicPatch(
-            "torch.nn.parallel.distributed.DistributedDataParallel.__init__",
-            target_wrapper=_ddp_rewriter,
-            runtime_check=_ddp_check,
-            precheck=npu_runtime_importable,
-        )
-        yield redirect_patch(
-            "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel.__init__",
-            (Param(10, "device_id"),),
-        )
-        yield redirect_patch(
-            "torch.distributed.device_mesh.init_device_mesh",
-            (Param(0, "device_type"),),
-            aliases=("torch.distributed.init_device_mesh",),
-        )
-        yield redirect_patch(
-            "torch.distributed.device_mesh.DeviceMesh.__init__", (Param(1, "device_type"),)
-        )
-        yield AtomicPatch(
-            "torch.distributed.ProcessGroup._get_backend",
-            target_wrapper=_get_backend_rewriter,
-            runtime_check=cuda_check(_GET_BACKEND_DEVICE),
-            precheck=npu_runtime_importable,
-        )
-        # Two patches, not a target and an alias: a CPU or NPU build of torch has no
-        # ProcessGroupNCCL, and only a target can be created.
-        for module in ("torch.distributed.distributed_c10d", "torch.distributed"):
-            yield AtomicPatch(
-                f"{module}.ProcessGroupNCCL",
-                npu_process_group_class,
-                replacement_wrapper=_called,
-                create=True,
-                precheck=_has_npu_process_group,
-                after_import="torch_npu",
-            )
-        yield AtomicPatch(
-            "torch.distributed.distributed_c10d.Backend.default_device_backend_map",
-            target_wrapper=_backend_map_for_npu,
-            precheck=npu_runtime_importable,
+            f"{module}.ProcessGroupNCCL",
+            npu_process_group_class,
+            replacement_wrapper=_called,
+            create=True,
+            precheck=_has_npu_process_group,
             after_import="torch_npu",
         )
-        yield redirect_patch(
-            "torch.distributed.pipelining.stage.PipelineStage.__init__", (Param(4, "device"),)
-        )
-        yield redirect_patch(
-            "torch.distributed.pipelining.stage.build_stage",
-            (Param(3, "device"),),
-            aliases=("torch.distributed.pipelining.build_stage",),
-        )
+    yield AtomicPatch(
+        "torch.distributed.distributed_c10d.Backend.default_device_backend_map",
+        target_wrapper=_backend_map_for_npu,
+        precheck=npu_runtime_importable,
+        after_import="torch_npu",
+    )
+    yield redirect_patch(
+        "torch.distributed.pipelining.stage.PipelineStage.__init__", (Param(4, "device"),)
+    )
+    yield redirect_patch(
+        "torch.distributed.pipelining.stage.build_stage",
+        (Param(3, "device"),),
+        aliases=("torch.distributed.pipelining.build_stage",),
+    )

@@ -23,17 +23,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 from ._calls import Param
 from ._calls import always
 from .devices import NPU
 from .redirect import redirect_patch
-from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["AllowedMethods", "TorchInternals"]
+__all__ = ["AllowedMethods", "torch_internals_patches"]
 
 
 def _available_device_type(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -61,26 +59,21 @@ def _allowed_methods(original: list[Any]) -> AllowedMethods:
     return AllowedMethods(original)
 
 
-class TorchInternals(Patch):
-    """Accelerator detection, lazy-module method checks and extension include paths -> NPU."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield AtomicPatch(
-            "torch._utils._get_available_device_type",
-            target_wrapper=_available_device_type,
-            runtime_check=always,
-            precheck=npu_runtime_importable,
-            aliases=(
-                "torch.nn.parallel.data_parallel._get_available_device_type",
-                "torch.distributed.checkpoint.filesystem._get_available_device_type",
-            ),
-        )
-        yield AtomicPatch(
-            "torch.nn.parameter.UninitializedTensorMixin._allowed_methods",
-            target_wrapper=_allowed_methods,
-            precheck=npu_runtime_importable,
-        )
-        yield redirect_patch("torch.utils.cpp_extension.include_paths", (Param(0, "device_type"),))
+def torch_internals_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.TorchInternals`."""
+    yield AtomicPatch(
+        "torch._utils._get_available_device_type",
+        target_wrapper=_available_device_type,
+        runtime_check=always,
+        precheck=npu_runtime_importable,
+        aliases=(
+            "torch.nn.parallel.data_parallel._get_available_device_type",
+            "torch.distributed.checkpoint.filesystem._get_available_device_type",
+        ),
+    )
+    yield AtomicPatch(
+        "torch.nn.parameter.UninitializedTensorMixin._allowed_methods",
+        target_wrapper=_allowed_methods,
+        precheck=npu_runtime_importable,
+    )
+    yield redirect_patch("torch.utils.cpp_extension.include_paths", (Param(0, "device_type"),))

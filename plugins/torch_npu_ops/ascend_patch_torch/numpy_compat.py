@@ -22,10 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 
-__all__ = ["ALIASES", "NumpyCompat", "asfarray", "in1d", "msort"]
+__all__ = ["ALIASES", "asfarray", "in1d", "msort", "numpy_compat_patches"]
 
 
 def asfarray(a: Any, dtype: Any = None) -> Any:
@@ -107,17 +106,12 @@ def _absent_from_numpy(name: str) -> Callable[[], bool]:
     return numpy_lacks_it
 
 
-class NumpyCompat(Patch):
-    """Restore numpy aliases removed in 1.24 and 2.0 (``np.int``, ``np.float``, ``np.float_``, ...)."""
-
-    legacy_name = "numpy_type"
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for name, meaning in ALIASES.items():
-            yield AtomicPatch(
-                f"numpy.{name}",
-                meaning,
-                create=True,
-                precheck=_absent_from_numpy(name),
-            )
+def numpy_compat_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.NumpyCompat`."""
+    for name, meaning in ALIASES.items():
+        yield AtomicPatch(
+            f"numpy.{name}",
+            meaning,
+            create=True,
+            precheck=_absent_from_numpy(name),
+        )

@@ -23,12 +23,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["FusedOptimizers", "fused_kernels_available"]
+__all__ = ["fused_kernels_available", "fused_optimizers_patches"]
 
 # optimizer class path -> the aten op its fused path calls
 _OPTIMIZERS = {
@@ -88,15 +87,12 @@ def _fuse_by_default(original: Callable[..., Any]) -> Callable[..., Any]:
     return fused_on_npu
 
 
-class FusedOptimizers(Patch):
-    """``torch.optim.Adam/AdamW/SGD`` -> ``fused=True`` for NPU parameters (opt-in)."""
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for target, op in _OPTIMIZERS.items():
-            yield AtomicPatch(
-                f"{target}.__init__",
-                target_wrapper=_fuse_by_default,
-                runtime_check=leaves_fused_unset,
-                precheck=fused_kernels_available(op),
-            )
+def fused_optimizers_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.FusedOptimizers`."""
+    for target, op in _OPTIMIZERS.items():
+        yield AtomicPatch(
+            f"{target}.__init__",
+            target_wrapper=_fuse_by_default,
+            runtime_check=leaves_fused_unset,
+            precheck=fused_kernels_available(op),
+        )

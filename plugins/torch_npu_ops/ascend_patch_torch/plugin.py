@@ -1,8 +1,9 @@
 """Plain PyTorch on the NPU: CUDA -> NPU redirect, HCCL, torch / numpy / torch_scatter patches.
 
-Hook implementations only. Nothing here imports torch: the declarations are built
-from torch-free modules, and replacements that need torch are dotted strings
-resolved when their target module is imported.
+Hook implementations only. Nothing here imports torch: the groups are declared in
+:mod:`ascend_patch_torch.groups`, which imports no patch family until a group is
+built, and replacements that need torch are dotted strings resolved when their
+target module is imported.
 """
 
 from __future__ import annotations
@@ -12,24 +13,14 @@ import os
 from ascend_patch_core import Patch
 from ascend_patch_core import hookimpl
 
-from . import batch_matmul
-from . import cuda_api
-from . import distributed
-from . import internals
-from . import numpy_compat
-from . import optimizers
-from . import profiler
-from . import redirect
-from . import runtime
-from . import scatter_patches
-from . import tensor_index
+from . import groups
 
 
 #: Patch groups applied only when named in ``ASCEND_PATCH_TORCH_OPT_IN`` (comma-separated,
 #: ``*`` for all): they cost something on every call of a hot function.
 OPT_IN: dict[str, type[Patch]] = {
-    "TensorIndex": tensor_index.TensorIndex,
-    "FusedOptimizers": optimizers.FusedOptimizers,
+    "TensorIndex": groups.TensorIndex,
+    "FusedOptimizers": groups.FusedOptimizers,
 }
 
 
@@ -49,34 +40,38 @@ def _opted_in() -> list[type[Patch]]:
 
 @hookimpl
 def register_import_rules() -> list[object]:
+    from . import scatter_patches
+
     return list(scatter_patches.import_rules())
 
 
 @hookimpl
 def register_patches() -> list[type[Patch]]:
-    groups: list[type[Patch]] = [
+    declared: list[type[Patch]] = [
         # CUDA -> NPU redirect (each patch checks for an NPU runtime before installing).
-        runtime.NpuRuntime,
-        cuda_api.CudaApi,
-        redirect.FactoryDevices,
-        redirect.Serialization,
-        redirect.TensorDevices,
-        redirect.ModuleDevices,
-        redirect.Storages,
-        redirect.DeviceContext,
-        redirect.GeneratorAndEvent,
-        redirect.Autocast,
-        redirect.ScriptBuiltins,
-        internals.TorchInternals,
-        distributed.Distributed,
-        profiler.Profiler,
+        groups.NpuRuntime,
+        groups.CudaApi,
+        groups.FactoryDevices,
+        groups.Serialization,
+        groups.TensorDevices,
+        groups.ModuleDevices,
+        groups.Storages,
+        groups.DeviceContext,
+        groups.GeneratorAndEvent,
+        groups.Autocast,
+        groups.ScriptBuiltins,
+        groups.TorchInternals,
+        groups.Distributed,
+        groups.Profiler,
         # The seed's table.
-        numpy_compat.NumpyCompat,
-        batch_matmul.BatchMatmul,
+        groups.NumpyCompat,
+        groups.BatchMatmul,
     ]
+    from . import scatter_patches
+
     if scatter_patches.torch_scatter_installed():
-        groups.append(scatter_patches.TorchScatter)
-    return groups + _opted_in()
+        declared.append(groups.TorchScatter)
+    return declared + _opted_in()
 
 
 @hookimpl

@@ -24,13 +24,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
-from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["Profiler", "npu_profiler_importable"]
+__all__ = ["npu_profiler_importable", "profiler_patches"]
 
 _NPU_PROFILER = "ascend_patch_torch._npu_profiler"
 
@@ -72,25 +70,20 @@ def _drop_cuda_activity(original: Callable[..., Any]) -> Callable[..., Any]:
     return profile_on_emulated_npu
 
 
-class Profiler(Patch):
-    """``torch.profiler`` with ``ProfilerActivity.CUDA`` -> the NPU (torch_npu.profiler)."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for name in ("profile", "schedule", "tensorboard_trace_handler", "ProfilerAction"):
-            yield AtomicPatch(
-                f"torch.profiler.profiler.{name}",
-                f"{_NPU_PROFILER}:{name}",
-                aliases=(f"torch.profiler.{name}",),
-                precheck=npu_profiler_importable,
-                name=f"torch.profiler.{name} -> torch_npu.profiler",
-            )
+def profiler_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.Profiler`."""
+    for name in ("profile", "schedule", "tensorboard_trace_handler", "ProfilerAction"):
         yield AtomicPatch(
-            "torch.profiler.profiler.profile.__init__",
-            target_wrapper=_drop_cuda_activity,
-            runtime_check=names_cuda_activity,
-            precheck=_no_npu_profiler,
-            name="torch.profiler.profile: CUDA activity on the emulated NPU",
+            f"torch.profiler.profiler.{name}",
+            f"{_NPU_PROFILER}:{name}",
+            aliases=(f"torch.profiler.{name}",),
+            precheck=npu_profiler_importable,
+            name=f"torch.profiler.{name} -> torch_npu.profiler",
         )
+    yield AtomicPatch(
+        "torch.profiler.profiler.profile.__init__",
+        target_wrapper=_drop_cuda_activity,
+        runtime_check=names_cuda_activity,
+        precheck=_no_npu_profiler,
+        name="torch.profiler.profile: CUDA activity on the emulated NPU",
+    )

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 from ._calls import Param
 from ._calls import always
@@ -40,21 +39,20 @@ from ._calls import device
 from .devices import NPU
 from .devices import is_cuda_spec
 from .devices import to_npu_spec
-from .runtime import NPU_RUNTIME
 from .runtime import npu_runtime_importable
 
 
 __all__ = [
-    "Autocast",
-    "DeviceContext",
-    "FactoryDevices",
-    "GeneratorAndEvent",
-    "ModuleDevices",
-    "ScriptBuiltins",
-    "Serialization",
-    "Storages",
-    "TensorDevices",
+    "autocast_patches",
+    "device_context_patches",
+    "factory_devices_patches",
+    "generator_and_event_patches",
+    "module_devices_patches",
     "redirect_patch",
+    "script_builtins_patches",
+    "serialization_patches",
+    "storages_patches",
+    "tensor_devices_patches",
 ]
 
 
@@ -130,20 +128,15 @@ _KEYWORD_FACTORIES = (
 _DEVICE_KW = (device(ints=True),)
 
 
-class FactoryDevices(Patch):
-    """``torch.zeros(..., device="cuda")`` and the other factories -> NPU."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for name in _KEYWORD_FACTORIES:
-            yield redirect_patch(f"torch.{name}", _DEVICE_KW)
-        yield redirect_patch("torch._pin_memory", (device(1),))
-        yield redirect_patch("torch.set_default_device", (device(0, ints=True),))
-        yield redirect_patch("torch.get_device_module", (device(0),))
-        for name in ("fftfreq", "rfftfreq"):
-            yield redirect_patch(f"torch.fft.{name}", _DEVICE_KW)
+def factory_devices_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.FactoryDevices`."""
+    for name in _KEYWORD_FACTORIES:
+        yield redirect_patch(f"torch.{name}", _DEVICE_KW)
+    yield redirect_patch("torch._pin_memory", (device(1),))
+    yield redirect_patch("torch.set_default_device", (device(0, ints=True),))
+    yield redirect_patch("torch.get_device_module", (device(0),))
+    for name in ("fftfreq", "rfftfreq"):
+        yield redirect_patch(f"torch.fft.{name}", _DEVICE_KW)
 
 
 # --------------------------------------------------------------------------- torch.load
@@ -177,20 +170,15 @@ def _load_rewriter(original: Callable[..., Any]) -> Callable[..., Any]:
     return load_on_npu
 
 
-class Serialization(Patch):
-    """``torch.load``: ``map_location="cuda"`` -> NPU; without one, CUDA storages load onto the NPU."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield AtomicPatch(
-            "torch.serialization.load",
-            target_wrapper=_load_rewriter,
-            runtime_check=_load_check,
-            precheck=npu_runtime_importable,
-            aliases=("torch.load",),
-        )
+def serialization_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.Serialization`."""
+    yield AtomicPatch(
+        "torch.serialization.load",
+        target_wrapper=_load_rewriter,
+        runtime_check=_load_check,
+        precheck=npu_runtime_importable,
+        aliases=("torch.load",),
+    )
 
 
 # --------------------------------------------------------------------------- Tensor, Module
@@ -222,52 +210,42 @@ def _tensor_is_npu(self: Any) -> bool:
 _TO = (device(1, ints=True),)
 
 
-class TensorDevices(Patch):
-    """``Tensor.cuda()``, ``.to("cuda")``, ``is_cuda``, ``new_*``, ``pin_memory`` -> NPU."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield AtomicPatch(
-            "torch.Tensor.cuda",
-            tensor_cuda,
-            runtime_check=always,
-            precheck=npu_runtime_importable,
-        )
-        yield AtomicPatch(
-            "torch.Tensor.is_cuda",
-            property(_tensor_is_npu, doc="True for a tensor on the NPU (ascend-patch)."),
-            precheck=npu_runtime_importable,
-        )
-        yield redirect_patch("torch.Tensor.to", _TO)
-        for name in (
-            "new_empty",
-            "new_empty_strided",
-            "new_full",
-            "new_ones",
-            "new_tensor",
-            "new_zeros",
-        ):
-            yield redirect_patch(f"torch.Tensor.{name}", _DEVICE_KW)
-        yield redirect_patch("torch.Tensor.pin_memory", (device(1),))
+def tensor_devices_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.TensorDevices`."""
+    yield AtomicPatch(
+        "torch.Tensor.cuda",
+        tensor_cuda,
+        runtime_check=always,
+        precheck=npu_runtime_importable,
+    )
+    yield AtomicPatch(
+        "torch.Tensor.is_cuda",
+        property(_tensor_is_npu, doc="True for a tensor on the NPU (ascend-patch)."),
+        precheck=npu_runtime_importable,
+    )
+    yield redirect_patch("torch.Tensor.to", _TO)
+    for name in (
+        "new_empty",
+        "new_empty_strided",
+        "new_full",
+        "new_ones",
+        "new_tensor",
+        "new_zeros",
+    ):
+        yield redirect_patch(f"torch.Tensor.{name}", _DEVICE_KW)
+    yield redirect_patch("torch.Tensor.pin_memory", (device(1),))
 
 
-class ModuleDevices(Patch):
-    """``Module.cuda()``, ``.to("cuda")``, ``.to_empty(device="cuda")`` -> NPU."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield AtomicPatch(
-            "torch.nn.modules.module.Module.cuda",
-            module_cuda,
-            runtime_check=always,
-            precheck=npu_runtime_importable,
-        )
-        yield redirect_patch("torch.nn.modules.module.Module.to", _TO)
-        yield redirect_patch("torch.nn.modules.module.Module.to_empty", _DEVICE_KW)
+def module_devices_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.ModuleDevices`."""
+    yield AtomicPatch(
+        "torch.nn.modules.module.Module.cuda",
+        module_cuda,
+        runtime_check=always,
+        precheck=npu_runtime_importable,
+    )
+    yield redirect_patch("torch.nn.modules.module.Module.to", _TO)
+    yield redirect_patch("torch.nn.modules.module.Module.to_empty", _DEVICE_KW)
 
 
 # --------------------------------------------------------------------------- storages
@@ -277,32 +255,22 @@ def _storage_is_npu(self: Any) -> bool:
     return bool(self.is_npu)
 
 
-class Storages(Patch):
-    """``UntypedStorage(n, device="cuda")`` -> NPU; ``TypedStorage.is_cuda`` = ``is_npu``."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield redirect_patch("torch.storage.UntypedStorage.__new__", (device(None, ints=True),))
-        yield AtomicPatch(
-            "torch.storage.TypedStorage.is_cuda",
-            property(_storage_is_npu, doc="True for a storage on the NPU (ascend-patch)."),
-            precheck=npu_runtime_importable,
-        )
+def storages_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.Storages`."""
+    yield redirect_patch("torch.storage.UntypedStorage.__new__", (device(None, ints=True),))
+    yield AtomicPatch(
+        "torch.storage.TypedStorage.is_cuda",
+        property(_storage_is_npu, doc="True for a storage on the NPU (ascend-patch)."),
+        precheck=npu_runtime_importable,
+    )
 
 
 # --------------------------------------------------------------------------- context, generator
 
 
-class DeviceContext(Patch):
-    """``with torch.device("cuda"):`` (and ``set_default_device``) -> NPU."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield redirect_patch("torch.utils._device.DeviceContext.__init__", (device(1, ints=True),))
+def device_context_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.DeviceContext`."""
+    yield redirect_patch("torch.utils._device.DeviceContext.__init__", (device(1, ints=True),))
 
 
 def _proxy_of(original: Any) -> Any:
@@ -323,31 +291,21 @@ def _npu_has_default_generators() -> bool:
     return npu_runtime_importable() and hasattr(npu_module(), "default_generators")
 
 
-class GeneratorAndEvent(Patch):
-    """``torch.Generator("cuda")``, ``torch.Event("cuda")``, ``torch.cuda.default_generators`` -> NPU.
-
-    The proxies wrap whatever ``torch.Generator`` / ``torch.Event`` is when they are
-    installed, so ``isinstance`` keeps working and an earlier stand-in (the NPU
-    emulator's) still builds the objects.
-    """
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for name in ("Generator", "Event"):
-            yield AtomicPatch(
-                f"torch.{name}",
-                target_wrapper=_proxy_of,
-                precheck=npu_runtime_importable,
-            )
+def generator_and_event_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.GeneratorAndEvent`."""
+    for name in ("Generator", "Event"):
         yield AtomicPatch(
-            "torch.cuda.default_generators",
-            target_wrapper=_default_generators,
-            aliases=("torch.cuda.random.default_generators",),
-            precheck=_npu_has_default_generators,
-            after_import="torch_npu",
+            f"torch.{name}",
+            target_wrapper=_proxy_of,
+            precheck=npu_runtime_importable,
         )
+    yield AtomicPatch(
+        "torch.cuda.default_generators",
+        target_wrapper=_default_generators,
+        aliases=("torch.cuda.random.default_generators",),
+        precheck=_npu_has_default_generators,
+        after_import="torch_npu",
+    )
 
 
 # --------------------------------------------------------------------------- TorchScript
@@ -368,25 +326,14 @@ def _script_sees_originals(original: Callable[..., Any]) -> Callable[..., Any]:
     return find_builtin
 
 
-class ScriptBuiltins(Patch):
-    """``torch.jit.script`` keeps compiling ``torch.zeros`` & co. as the aten ops they wrap.
-
-    TorchScript recognizes torch functions by identity in a table it fills once; a
-    redirect wrapper installed after that is unknown to it, and scripting a function
-    calling ``torch.zeros`` would fail. Scripted code runs the plain aten op (its
-    device arguments are not redirected), as it would without ascend-patch.
-    """
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield AtomicPatch(
-            "torch.jit._builtins._find_builtin",
-            target_wrapper=_script_sees_originals,
-            precheck=npu_runtime_importable,
-            aliases=("torch.jit._recursive._find_builtin",),
-        )
+def script_builtins_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.ScriptBuiltins`."""
+    yield AtomicPatch(
+        "torch.jit._builtins._find_builtin",
+        target_wrapper=_script_sees_originals,
+        precheck=npu_runtime_importable,
+        aliases=("torch.jit._recursive._find_builtin",),
+    )
 
 
 # --------------------------------------------------------------------------- autocast
@@ -428,45 +375,37 @@ def _gpu_dtype_setter(original: Callable[..., Any]) -> Callable[..., Any]:
     return set_autocast_gpu_dtype
 
 
-class Autocast(Patch):
-    """``torch.autocast("cuda")``, ``torch.cuda.amp.*``, ``torch.amp.*(device_type="cuda")`` -> NPU."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        # torch.autocast and torch.cuda.amp.autocast (a subclass) share this __init__.
+def autocast_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.Autocast`."""
+    yield redirect_patch("torch.amp.autocast_mode.autocast.__init__", (Param(1, "device_type"),))
+    # GradScaler's device defaults to "cuda"; torch.cuda.amp.GradScaler passes "cuda".
+    yield redirect_patch(
+        "torch.amp.grad_scaler.GradScaler.__init__", (device(1, absent_is_cuda=True),)
+    )
+    for name in ("custom_fwd", "custom_bwd"):
         yield redirect_patch(
-            "torch.amp.autocast_mode.autocast.__init__", (Param(1, "device_type"),)
+            f"torch.amp.autocast_mode.{name}",
+            (Param(None, "device_type"),),
+            aliases=(f"torch.amp.{name}",),
         )
-        # GradScaler's device defaults to "cuda"; torch.cuda.amp.GradScaler passes "cuda".
-        yield redirect_patch(
-            "torch.amp.grad_scaler.GradScaler.__init__", (device(1, absent_is_cuda=True),)
-        )
-        for name in ("custom_fwd", "custom_bwd"):
-            yield redirect_patch(
-                f"torch.amp.autocast_mode.{name}",
-                (Param(None, "device_type"),),
-                aliases=(f"torch.amp.{name}",),
-            )
-        yield redirect_patch(
-            "torch.is_autocast_enabled", (Param(0, "device_type", absent_is_cuda=True),)
-        )
-        yield redirect_patch("torch.get_autocast_dtype", (Param(0, "device_type"),))
-        yield redirect_patch("torch.set_autocast_dtype", (Param(0, "device_type"),))
+    yield redirect_patch(
+        "torch.is_autocast_enabled", (Param(0, "device_type", absent_is_cuda=True),)
+    )
+    yield redirect_patch("torch.get_autocast_dtype", (Param(0, "device_type"),))
+    yield redirect_patch("torch.set_autocast_dtype", (Param(0, "device_type"),))
+    yield AtomicPatch(
+        "torch.set_autocast_enabled",
+        target_wrapper=_set_autocast_enabled_rewriter,
+        runtime_check=_set_autocast_enabled_check,
+        precheck=npu_runtime_importable,
+    )
+    for target, wrapper in (
+        ("torch.get_autocast_gpu_dtype", _gpu_dtype_getter),
+        ("torch.set_autocast_gpu_dtype", _gpu_dtype_setter),
+    ):
         yield AtomicPatch(
-            "torch.set_autocast_enabled",
-            target_wrapper=_set_autocast_enabled_rewriter,
-            runtime_check=_set_autocast_enabled_check,
+            target,
+            target_wrapper=wrapper,
+            runtime_check=always,
             precheck=npu_runtime_importable,
         )
-        for target, wrapper in (
-            ("torch.get_autocast_gpu_dtype", _gpu_dtype_getter),
-            ("torch.set_autocast_gpu_dtype", _gpu_dtype_setter),
-        ):
-            yield AtomicPatch(
-                target,
-                target_wrapper=wrapper,
-                runtime_check=always,
-                precheck=npu_runtime_importable,
-            )

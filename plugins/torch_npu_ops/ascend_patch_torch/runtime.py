@@ -2,7 +2,7 @@
 
 Every redirect patch checks :func:`npu_runtime_importable` right before it is
 installed: on a machine without torch_npu the plugin leaves CUDA code alone, so
-installing it next to a CUDA build changes nothing. :class:`NpuRuntime` imports
+installing it next to a CUDA build changes nothing. :class:`~ascend_patch_torch.groups.NpuRuntime` imports
 torch_npu right after torch, as ``transfer_to_npu`` users do by hand, so that
 ``torch.npu`` and the ``"npu"`` device exist before the program asks for them.
 """
@@ -17,16 +17,9 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import ModuleHook
-from ascend_patch_core import Patch
 
 
-__all__ = ["NPU_RUNTIME", "NpuRuntime", "import_npu_runtime", "npu_runtime_importable"]
-
-#: The requirement of every group that redirects to the NPU. Checked from metadata
-#: before the group's patches are even built (the emulator counts as installed), so
-#: a machine without torch_npu pays one lookup per group, not one per patch.
-NPU_RUNTIME = "torch-npu"
-
+__all__ = ["import_npu_runtime", "npu_runtime_importable", "npu_runtime_patches"]
 
 _lookup: tuple[tuple[object, ...], bool] | None = None
 
@@ -60,11 +53,6 @@ def import_npu_runtime(module: Any) -> list[AtomicPatch]:
     return []
 
 
-class NpuRuntime(Patch):
-    """Import torch_npu as soon as torch is imported (the redirect needs ``torch.npu``)."""
-
-    requires = NPU_RUNTIME
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
-        yield ModuleHook("torch", import_npu_runtime, name="import torch_npu after torch")
+def npu_runtime_patches(options: Any = None) -> Iterator[ModuleHook]:
+    """The patches of :class:`ascend_patch_torch.groups.NpuRuntime`."""
+    yield ModuleHook("torch", import_npu_runtime, name="import torch_npu after torch")

@@ -18,13 +18,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 from ascend_patch_core import ReplaceImport
 
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["TorchScatter", "import_rules", "on_npu", "torch_scatter_installed"]
+__all__ = ["import_rules", "on_npu", "torch_scatter_installed", "torch_scatter_patches"]
 
 _COMPAT = "ascend_patch_torch.torch_scatter_compat"
 
@@ -87,22 +86,17 @@ def on_npu(src: Any, *args: Any, **kwargs: Any) -> bool:
     return bool(getattr(src, "is_npu", False))
 
 
-class TorchScatter(Patch):
-    """An installed torch_scatter, for NPU tensors: its functions -> the compatible ones."""
-
-    legacy_name = "scatter"
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        for module, names in _FUNCTIONS.items():
-            for name in names:
-                aliases = [f"torch_scatter.{name}"]
-                if module.startswith("composite"):
-                    aliases.append(f"torch_scatter.composite.{name}")
-                yield AtomicPatch(
-                    f"torch_scatter.{module}:{name}",
-                    f"{_COMPAT}:{name}",
-                    runtime_check=on_npu,
-                    precheck=npu_runtime_importable,
-                    aliases=aliases,
-                )
+def torch_scatter_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.TorchScatter`."""
+    for module, names in _FUNCTIONS.items():
+        for name in names:
+            aliases = [f"torch_scatter.{name}"]
+            if module.startswith("composite"):
+                aliases.append(f"torch_scatter.composite.{name}")
+            yield AtomicPatch(
+                f"torch_scatter.{module}:{name}",
+                f"{_COMPAT}:{name}",
+                runtime_check=on_npu,
+                precheck=npu_runtime_importable,
+                aliases=aliases,
+            )

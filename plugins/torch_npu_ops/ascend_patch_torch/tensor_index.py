@@ -21,12 +21,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import Patch
 
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["TensorIndex", "is_bool_mask", "masked_index"]
+__all__ = ["is_bool_mask", "masked_index", "tensor_index_patches"]
 
 _tensor_type: Any = None
 _bool: Any = None
@@ -63,16 +62,11 @@ def masked_index(self: Any, index: Any) -> Any:
     return selected.reshape(rows, *trailing)
 
 
-class TensorIndex(Patch):
-    """``x[bool_mask]`` -> ``masked_select`` (opt-in: a check on every tensor indexing)."""
-
-    legacy_name = "index"
-
-    @classmethod
-    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        yield AtomicPatch(
-            "torch.Tensor.__getitem__",
-            masked_index,
-            runtime_check=is_bool_mask,
-            precheck=npu_runtime_importable,
-        )
+def tensor_index_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    """The patches of :class:`ascend_patch_torch.groups.TensorIndex`."""
+    yield AtomicPatch(
+        "torch.Tensor.__getitem__",
+        masked_index,
+        runtime_check=is_bool_mask,
+        precheck=npu_runtime_importable,
+    )

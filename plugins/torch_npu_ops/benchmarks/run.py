@@ -31,8 +31,8 @@ def main() -> None:
     activate()
     import torch
     from ascend_patch_torch import plugin
-    from ascend_patch_torch.batch_matmul import BatchMatmul
-    from ascend_patch_torch.tensor_index import TensorIndex
+    from ascend_patch_torch.groups import BatchMatmul
+    from ascend_patch_torch.groups import TensorIndex
 
     x = torch.arange(64.0).reshape(16, 4)
     mask = torch.arange(16) % 3 == 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ascend_patch_torch.batch_matmul import BatchMatmul
 from ascend_patch_torch.batch_matmul import batch_matvec
 from ascend_patch_torch.batch_matmul import is_batched_matvec
+from ascend_patch_torch.groups import BatchMatmul
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st

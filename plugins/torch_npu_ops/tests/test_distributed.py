@@ -120,7 +120,7 @@ def test_process_group_nccl_is_the_npu_process_group(redirect):
 
 
 def test_process_group_nccl_alias_is_removed_on_revert(npu_emulator, isolated_patcher):
-    from ascend_patch_torch.distributed import Distributed
+    from ascend_patch_torch.groups import Distributed
 
     had = hasattr(dist, "ProcessGroupNCCL")
     isolated_patcher.add(Distributed).apply()

@@ -8,8 +8,8 @@ import sys
 import textwrap
 
 import pytest
+from ascend_patch_torch.groups import NumpyCompat
 from ascend_patch_torch.numpy_compat import ALIASES
-from ascend_patch_torch.numpy_compat import NumpyCompat
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_library_code_using_aliases_at_import_time_works(np, tmp_path):
     script = textwrap.dedent(
         """
         from ascend_patch_core import Patcher
-        from ascend_patch_torch.numpy_compat import NumpyCompat
+        from ascend_patch_torch.groups import NumpyCompat
 
         Patcher(autoload=False, strict=True).add(NumpyCompat).apply()
         import oldlib  # imports numpy for the first time

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ascend_patch_torch.optimizers import FusedOptimizers
+from ascend_patch_torch.groups import FusedOptimizers
 
 
 def _train(optimizer_class, steps=5, **options):

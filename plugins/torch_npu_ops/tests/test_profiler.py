@@ -50,7 +50,7 @@ def fake_npu_profiler(npu_emulator, monkeypatch):
 
 
 def test_a_real_torch_npu_profiler_takes_torch_s_names(fake_npu_profiler, isolated_patcher):
-    from ascend_patch_torch.profiler import Profiler
+    from ascend_patch_torch.groups import Profiler
 
     isolated_patcher.add(Profiler).apply()
     prof = torch.profiler.profile(

@@ -120,7 +120,7 @@ def test_load_without_map_location_restores_cuda_tagged_storages_on_the_npu(npu_
     from_gpu = _as_if_saved_on_cuda(buffer.getvalue())
     with pytest.raises(RuntimeError, match="CUDA"):
         torch.load(io.BytesIO(from_gpu))
-    from ascend_patch_torch.redirect import Serialization
+    from ascend_patch_torch.groups import Serialization
 
     from ascend_patch_core import Patcher
 
@@ -378,7 +378,7 @@ def test_generator_and_event_proxies_keep_isinstance(redirect):
 def test_generator_and_event_with_a_cuda_device_are_built_on_the_npu(npu_emulator):
     with pytest.raises(RuntimeError):
         torch.Generator("cuda")  # this CPU build of torch has no CUDA generator
-    from ascend_patch_torch.redirect import GeneratorAndEvent
+    from ascend_patch_torch.groups import GeneratorAndEvent
 
     from ascend_patch_core import Patcher
 

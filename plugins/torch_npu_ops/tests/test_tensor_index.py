@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ascend_patch_torch.tensor_index import TensorIndex
+from ascend_patch_torch.groups import TensorIndex
 from ascend_patch_torch.tensor_index import is_bool_mask
 from ascend_patch_torch.tensor_index import masked_index
 from hypothesis import given

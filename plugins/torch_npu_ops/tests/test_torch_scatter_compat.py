@@ -9,6 +9,7 @@ import ascend_patch_torch.torch_scatter_compat as compat
 import pytest
 import torch
 from ascend_patch_torch import scatter_patches
+from ascend_patch_torch.groups import TorchScatter
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -331,7 +332,7 @@ def test_out_arguments_match_torch_scatter(torch_scatter):
 def test_installed_torch_scatter_is_routed_for_npu_tensors(
     torch_scatter, npu_emulator, isolated_patcher
 ):
-    isolated_patcher.add(scatter_patches.TorchScatter).apply()
+    isolated_patcher.add(TorchScatter).apply()
     src = torch.randn(5, 2, device="npu")
     index = torch.tensor([0, 1, 0, 1, 1])
     values, _ = torch_scatter.scatter_max(src, index, 0)

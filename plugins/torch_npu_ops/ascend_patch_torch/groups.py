@@ -1,0 +1,287 @@
+"""Every patch group of the plugin: its name, requirement, 1.0 name and documentation.
+
+This module is what ``apply()`` imports. It imports no patch family: a group's
+``patches()`` imports its family module only when the group is built, which the
+core does only after the group's ``requires`` holds and it is not disabled. So a
+machine without torch_npu pays for 16 class definitions, not for the ~10 modules
+that implement the redirect (see docs/benchmarks.md, in-torch start-up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import ModuleHook
+from ascend_patch_core import Patch
+
+
+__all__ = [
+    "NPU_RUNTIME",
+    "Autocast",
+    "BatchMatmul",
+    "CudaApi",
+    "DeviceContext",
+    "Distributed",
+    "FactoryDevices",
+    "FusedOptimizers",
+    "GeneratorAndEvent",
+    "ModuleDevices",
+    "NpuRuntime",
+    "NumpyCompat",
+    "Profiler",
+    "ScriptBuiltins",
+    "Serialization",
+    "Storages",
+    "TensorDevices",
+    "TensorIndex",
+    "TorchInternals",
+    "TorchScatter",
+]
+
+#: The requirement of every group that redirects to the NPU. Checked from metadata
+#: before the group's patches are even built (the emulator counts as installed), so
+#: a machine without torch_npu pays one lookup per group, not one per patch.
+NPU_RUNTIME = "torch-npu"
+
+
+class NpuRuntime(Patch):
+    """Import torch_npu as soon as torch is imported (the redirect needs ``torch.npu``)."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
+        from .runtime import npu_runtime_patches
+
+        return npu_runtime_patches(options)
+
+
+class CudaApi(Patch):
+    """``torch.cuda`` functions and classes -> ``torch.npu`` (counted per call)."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .cuda_api import cuda_api_patches
+
+        return cuda_api_patches(options)
+
+
+class FactoryDevices(Patch):
+    """``torch.zeros(..., device="cuda")`` and the other factories -> NPU."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import factory_devices_patches
+
+        return factory_devices_patches(options)
+
+
+class Serialization(Patch):
+    """``torch.load``: ``map_location="cuda"`` -> NPU; without one, CUDA storages load onto the NPU."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import serialization_patches
+
+        return serialization_patches(options)
+
+
+class TensorDevices(Patch):
+    """``Tensor.cuda()``, ``.to("cuda")``, ``is_cuda``, ``new_*``, ``pin_memory`` -> NPU."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import tensor_devices_patches
+
+        return tensor_devices_patches(options)
+
+
+class ModuleDevices(Patch):
+    """``Module.cuda()``, ``.to("cuda")``, ``.to_empty(device="cuda")`` -> NPU."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import module_devices_patches
+
+        return module_devices_patches(options)
+
+
+class Storages(Patch):
+    """``UntypedStorage(n, device="cuda")`` -> NPU; ``TypedStorage.is_cuda`` = ``is_npu``."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import storages_patches
+
+        return storages_patches(options)
+
+
+class DeviceContext(Patch):
+    """``with torch.device("cuda"):`` (and ``set_default_device``) -> NPU."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import device_context_patches
+
+        return device_context_patches(options)
+
+
+class GeneratorAndEvent(Patch):
+    """``torch.Generator("cuda")``, ``torch.Event("cuda")``, ``torch.cuda.default_generators`` -> NPU.
+
+    The proxies wrap whatever ``torch.Generator`` / ``torch.Event`` is when they are
+    installed, so ``isinstance`` keeps working and an earlier stand-in (the NPU
+    emulator's) still builds the objects.
+    """
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import generator_and_event_patches
+
+        return generator_and_event_patches(options)
+
+
+class ScriptBuiltins(Patch):
+    """``torch.jit.script`` keeps compiling ``torch.zeros`` & co. as the aten ops they wrap.
+
+    TorchScript recognizes torch functions by identity in a table it fills once; a
+    redirect wrapper installed after that is unknown to it, and scripting a function
+    calling ``torch.zeros`` would fail. Scripted code runs the plain aten op (its
+    device arguments are not redirected), as it would without ascend-patch.
+    """
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import script_builtins_patches
+
+        return script_builtins_patches(options)
+
+
+class Autocast(Patch):
+    """``torch.autocast("cuda")``, ``torch.cuda.amp.*``, ``torch.amp.*(device_type="cuda")`` -> NPU."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .redirect import autocast_patches
+
+        return autocast_patches(options)
+
+
+class TorchInternals(Patch):
+    """Accelerator detection, lazy-module method checks and extension include paths -> NPU."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .internals import torch_internals_patches
+
+        return torch_internals_patches(options)
+
+
+class Distributed(Patch):
+    """``init_process_group("nccl")`` -> hccl; DDP / FSDP / DeviceMesh / pipelining CUDA devices -> NPU.
+
+    Also ``ProcessGroup._get_backend(cuda)``, ``ProcessGroupNCCL`` (= the NPU's process
+    group class) and the default backend map (no ``cuda`` entry).
+    """
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .distributed import distributed_patches
+
+        return distributed_patches(options)
+
+
+class Profiler(Patch):
+    """``torch.profiler`` with ``ProfilerActivity.CUDA`` -> the NPU (torch_npu.profiler)."""
+
+    requires = NPU_RUNTIME
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .profiler import profiler_patches
+
+        return profiler_patches(options)
+
+
+class NumpyCompat(Patch):
+    """Restore numpy aliases removed in 1.24 and 2.0 (``np.int``, ``np.float``, ``np.float_``, ...)."""
+
+    legacy_name = "numpy_type"
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .numpy_compat import numpy_compat_patches
+
+        return numpy_compat_patches(options)
+
+
+class BatchMatmul(Patch):
+    """``torch.matmul`` / ``Tensor.matmul`` / ``@`` with a column right operand -> mul + sum."""
+
+    legacy_name = "batch_matmul"
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .batch_matmul import batch_matmul_patches
+
+        return batch_matmul_patches(options)
+
+
+class TensorIndex(Patch):
+    """``x[bool_mask]`` -> ``masked_select`` (opt-in: a check on every tensor indexing)."""
+
+    legacy_name = "index"
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .tensor_index import tensor_index_patches
+
+        return tensor_index_patches(options)
+
+
+class FusedOptimizers(Patch):
+    """``torch.optim.Adam/AdamW/SGD`` -> ``fused=True`` for NPU parameters (opt-in)."""
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .optimizers import fused_optimizers_patches
+
+        return fused_optimizers_patches(options)
+
+
+class TorchScatter(Patch):
+    """An installed torch_scatter, for NPU tensors: its functions -> the compatible ones."""
+
+    legacy_name = "scatter"
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .scatter_patches import torch_scatter_patches
+
+        return torch_scatter_patches(options)
