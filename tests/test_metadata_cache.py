@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 
 PROBE = (
@@ -58,3 +60,44 @@ def test_cache_is_shared_by_programs_in_different_directories(tmp_path: Path) ->
     assert _probe(site, cache, one) == (True, False)
     _dist(two, "apx-cache-d")  # a distribution next to the program does count
     assert _probe(site, cache, two)[0] is False
+
+
+def _site_on_path(site: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+
+
+def test_unchanged_directory_is_not_listed_again(tmp_path: Path, monkeypatch: Any) -> None:
+    """A directory whose time is old and unchanged costs one stat: its listing is reused."""
+    from ascend_patch_core import _metadata
+
+    site = tmp_path / "site"
+    _dist(site, "apx-cache-e")
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(site, ns=(hour_ago, hour_ago))
+    _site_on_path(site, monkeypatch)
+    key, paths = _metadata.MetadataCache.fingerprint()
+    assert paths[str(site)][0] == hour_ago
+
+    listed: list[str] = []
+    real = _metadata._listing
+    monkeypatch.setattr(
+        _metadata, "_listing", lambda entry, *a: listed.append(entry) or real(entry, *a)
+    )
+    assert _metadata.MetadataCache.fingerprint(paths)[0] == key
+    assert str(site) not in listed
+
+
+def test_a_distribution_added_within_the_same_clock_tick_is_seen(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A recent directory time is not trusted (racy clean): a coarse clock cannot hide an install."""
+    from ascend_patch_core import _metadata
+
+    site = tmp_path / "site"
+    _dist(site, "apx-cache-f")
+    _site_on_path(site, monkeypatch)
+    key, paths = _metadata.MetadataCache.fingerprint()
+    stamp = os.stat(site).st_mtime_ns
+    _dist(site, "apx-cache-g")
+    os.utime(site, ns=(stamp, stamp))  # as if the clock had not ticked since the first listing
+    assert _metadata.MetadataCache.fingerprint(paths)[0] != key
