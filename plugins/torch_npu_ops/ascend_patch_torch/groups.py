@@ -233,6 +233,8 @@ class NumpyCompat(Patch):
     """Restore numpy aliases removed in 1.24 and 2.0 (``np.int``, ``np.float``, ``np.float_``, ...)."""
 
     legacy_name = "numpy_type"
+    #: numpy 1.23 and older still have every alias; without numpy there is nothing to do.
+    requires = "numpy>=1.24"
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
