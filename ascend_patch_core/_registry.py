@@ -20,7 +20,6 @@ import types
 from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
-from typing import NamedTuple
 
 from . import _hookspecs
 from ._env import EnvSetting
@@ -52,7 +51,7 @@ def _split_names(value: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(i.strip() for i in items if i and i.strip())
 
 
-class PluginSelection(NamedTuple):
+class PluginSelection:
     """Which plugins load. Built from the environment, overridable in the API.
 
     * ``disable`` -- ``ASCEND_PATCH_DISABLE``: entry-point or distribution names; ``*`` = all.
@@ -60,14 +59,34 @@ class PluginSelection(NamedTuple):
     * ``autoload`` -- ``ASCEND_PATCH_AUTOLOAD=0`` turns discovery off; plugins named in
       ``allow`` still load (the pytest ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` model).
     * ``strict`` -- ``ASCEND_PATCH_STRICT=1``: any failure raises.
+    * ``extra`` -- plugin objects registered directly (tests, embedding applications):
+      ``(name, object)`` pairs.
+
+    A ``__slots__`` class rather than a NamedTuple: it is created on every
+    ``import ascend_patch_core``, and a NamedTuple class costs ~80 us to create.
     """
 
-    disable: frozenset[str] = frozenset()
-    allow: frozenset[str] | None = None
-    autoload: bool = True
-    strict: bool = False
-    #: Plugin objects registered directly (tests, embedding applications): (name, object).
-    extra: tuple[tuple[str, object], ...] = ()
+    __slots__ = ("allow", "autoload", "disable", "extra", "strict")
+
+    def __init__(
+        self,
+        disable: frozenset[str] = frozenset(),
+        allow: frozenset[str] | None = None,
+        autoload: bool = True,
+        strict: bool = False,
+        extra: tuple[tuple[str, object], ...] = (),
+    ) -> None:
+        self.disable = disable
+        self.allow = allow
+        self.autoload = autoload
+        self.strict = strict
+        self.extra = extra
+
+    def __repr__(self) -> str:
+        return (
+            f"PluginSelection(disable={sorted(self.disable)}, allow={self.allow and sorted(self.allow)},"
+            f" autoload={self.autoload}, strict={self.strict}, extra={len(self.extra)})"
+        )
 
     @classmethod
     def from_env(

@@ -23,7 +23,6 @@ import types
 from collections.abc import Mapping
 from collections.abc import MutableMapping
 from typing import Any
-from typing import NamedTuple
 
 from ._errors import PatchDefinitionError
 from ._hub import initializing
@@ -52,19 +51,58 @@ def is_dotted_name(text: str) -> bool:
     return bool(text) and all(part.isidentifier() for part in text.split("."))
 
 
-class Segment(NamedTuple):
-    name: str
-    #: Written as ``['key']``: always a mapping key, never an attribute.
-    is_key: bool = False
+# The small value types below are __slots__ classes, not NamedTuples: creating a
+# NamedTuple class costs ~80 us (it compiles its __new__), and this module is part of
+# `import ascend_patch_core`, whose cost inside a training process is budgeted.
 
 
-class TargetPath(NamedTuple):
+class Segment:
+    """One step of a target path: an attribute, or (``is_key``) a mapping key."""
+
+    __slots__ = ("is_key", "name")
+
+    def __init__(self, name: str, is_key: bool = False) -> None:
+        self.name = name
+        #: Written as ``['key']``: always a mapping key, never an attribute.
+        self.is_key = is_key
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return (self.name, self.is_key) == (other.name, other.is_key)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.is_key))
+
+    def __repr__(self) -> str:
+        return f"Segment({self.name!r}, is_key={self.is_key})"
+
+
+class TargetPath:
     """A parsed target path."""
 
-    text: str
-    #: Set when the path says where the module ends (``mod.sub:Attr``).
-    module: str | None
-    segments: tuple[Segment, ...]
+    __slots__ = ("module", "segments", "text")
+
+    def __init__(self, text: str, module: str | None, segments: tuple[Segment, ...]) -> None:
+        self.text = text
+        #: Set when the path says where the module ends (``mod.sub:Attr``).
+        self.module = module
+        self.segments = segments
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TargetPath):
+            return NotImplemented
+        return (self.text, self.module, self.segments) == (
+            other.text,
+            other.module,
+            other.segments,
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"TargetPath({self.text!r})"
 
     @classmethod
     def parse(cls, text: str) -> TargetPath:
@@ -140,33 +178,63 @@ def _after_segment(text: str, pos: int, whole: str) -> int:
 # ----------------------------------------------------------------------------- resolution
 
 
-class Waiting(NamedTuple):
+class Waiting:
     """The target lives in (or below) a module that is not imported yet."""
 
-    module: str
+    __slots__ = ("module",)
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Waiting) and other.module == self.module
+
+    def __hash__(self) -> int:
+        return hash(self.module)
+
+    def __repr__(self) -> str:
+        return f"Waiting({self.module!r})"
 
 
-class Missing(NamedTuple):
+class Missing:
     """The target cannot exist here: its module is loaded and the name is absent."""
 
-    reason: str
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Missing) and other.reason == self.reason
+
+    def __hash__(self) -> int:
+        return hash(self.reason)
+
+    def __repr__(self) -> str:
+        return f"Missing({self.reason!r})"
 
 
-class Slot(NamedTuple):
+class Slot:
     """A resolved place that holds an object, and what it holds now."""
 
-    #: "module" (module global), "class" (class attribute), "item" (mapping entry),
-    #: "object" (attribute of some other object).
-    kind: str
-    owner: Any
-    key: str
-    #: The raw object in the slot (for a class, as found in the defining class's
-    #: ``__dict__``, so staticmethod/classmethod/property objects, not their results).
-    raw: Any
-    #: False when a class attribute is inherited: installing shadows it, restoring deletes.
-    own: bool
-    #: The module whose import made this slot reachable.
-    module: str
+    __slots__ = ("key", "kind", "module", "own", "owner", "raw")
+
+    def __init__(self, kind: str, owner: Any, key: str, raw: Any, own: bool, module: str) -> None:
+        #: "module" (module global), "class" (class attribute), "item" (mapping entry),
+        #: "object" (attribute of some other object).
+        self.kind = kind
+        self.owner = owner
+        self.key = key
+        #: The raw object in the slot (for a class, as found in the defining class's
+        #: ``__dict__``, so staticmethod/classmethod/property objects, not their results).
+        self.raw = raw
+        #: False when a class attribute is inherited: installing shadows it, restoring deletes.
+        self.own = own
+        #: The module whose import made this slot reachable.
+        self.module = module
+
+    def __repr__(self) -> str:
+        return f"Slot({self.kind!r}, {self.describe()!r})"
 
     def current(self) -> Any:
         """What the slot holds right now (raw)."""
