@@ -113,3 +113,26 @@ def test_group_requirement_is_checked_before_its_patches_are_built(patcher: Patc
         record.reason or ""
     )
     assert calls == []
+
+
+def test_a_bare_distribution_name_is_checked_without_packaging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """requires='dist' (no version) needs only the metadata: packaging is not imported for it."""
+    import sys
+
+    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._requires import check_requirement
+
+    for name in [m for m in sys.modules if m == "packaging" or m.startswith("packaging.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "packaging", None)  # any import of it now raises
+    monkeypatch.setenv("ASCEND_PATCH_CACHE", "0")  # answer from metadata, not from a cache
+    cache = MetadataCache()
+    ok, why = check_requirement("pluggy", cache)
+    assert ok and why.startswith("pluggy ")
+    assert check_requirement("apx-never-installed-dist", cache) == (
+        False,
+        "apx-never-installed-dist is not installed",
+    )
+    assert check_requirement("apx-never-installed-dist | pluggy", cache)[0]
