@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 # Patterns are compiled on first use (re caches them): import time is budgeted.
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+# Python identifiers, Unicode included (what str.isidentifier accepts).
+_IDENTIFIER = r"[^\W\d]\w*"
 _BRACKET = r"""\[(?:'([^']*)'|"([^"]*)")\]"""
 
 
@@ -140,6 +141,11 @@ class TargetPath:
 
 
 def _split(text: str, whole: str) -> list[Segment]:
+    if "[" not in text:
+        # The common case, a plain dotted name: no regular expression needed.
+        parts = text.split(".")
+        if all(part.isidentifier() for part in parts):
+            return [Segment(part) for part in parts]
     out: list[Segment] = []
     pos = 0
     n = len(text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import keyword
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +74,26 @@ def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
+#: Signatures of runtime checks, which plugins share between many patches (one
+#: ``always`` check serves ~150 redirect patches). Keyed by identity, not equality (a
+#: callable's ``__eq__`` is its own business); forgotten when the check is collected.
+_check_signatures: dict[int, tuple[weakref.ref[Any], inspect.Signature | None]] = {}
+
+
+def _check_signature(check: Callable[..., object]) -> inspect.Signature | None:
+    key = id(check)
+    cached = _check_signatures.get(key)
+    if cached is not None and cached[0]() is check:
+        return cached[1]
+    found = _signature(check)
+    try:
+        ref = weakref.ref(check, lambda _dead: _check_signatures.pop(key, None))
+    except TypeError:  # not weakly referenceable (a builtin): not cached
+        return found
+    _check_signatures[key] = (ref, found)
+    return found
+
+
 def _same_parameters(a: inspect.Signature, b: inspect.Signature) -> bool:
     pa, pb = list(a.parameters.values()), list(b.parameters.values())
     if len(pa) != len(pb):
@@ -97,7 +118,7 @@ def _fixed_signature_wrapper(
     original: Callable[..., Any],
     counters: CallCounters,
 ) -> Callable[..., Any] | None:
-    sig_r, sig_o, sig_c = _signature(replacement), _signature(original), _signature(check)
+    sig_r, sig_o, sig_c = _signature(replacement), _signature(original), _check_signature(check)
     if sig_r is None or sig_o is None or sig_c is None or not _same_parameters(sig_r, sig_o):
         return None
     params = list(sig_r.parameters.values())

@@ -290,6 +290,36 @@ def test_runtime_check_routes_each_call_and_counts(
     assert entry["counters"] == {"replacement_calls": 2, "fallback_calls": 2}
 
 
+def test_a_shared_runtime_check_serves_every_patch_and_is_not_kept_alive(
+    make_package: PackageFactory,
+) -> None:
+    """One check for several targets (signatures cached by identity); the cache holds no reference."""
+    import gc
+    import weakref
+
+    from ascend_patch_core import _wrappers
+
+    pkg = make_package({"core.py": "def f(x):\n    return 'f'\n\ndef g(x, y=1):\n    return 'g'\n"})
+    core = _import(f"{pkg}.core")
+
+    def positive(*args: Any, **kwargs: Any) -> bool:
+        return bool(args and args[0] > 0)
+
+    patcher = Patcher(autoload=False)
+    with patcher.add(
+        AtomicPatch(f"{pkg}.core.f", lambda x: "new f", runtime_check=positive),
+        AtomicPatch(f"{pkg}.core.g", lambda x, y=1: ("new g", y), runtime_check=positive),
+    ):
+        assert (core.f(1), core.f(-1)) == ("new f", "f")
+        assert (core.g(1, y=5), core.g(-1)) == (("new g", 5), "g")
+        assert id(positive) in _wrappers._check_signatures
+    dead, key = weakref.ref(positive), id(positive)
+    del positive, patcher
+    gc.collect()
+    assert dead() is None
+    assert key not in _wrappers._check_signatures
+
+
 def test_runtime_check_replacement_exceptions_propagate(
     make_package: PackageFactory, patcher: Patcher
 ) -> None:

@@ -134,6 +134,17 @@ def test_parse_random_strings_parse_or_raise_definition_error(text: str) -> None
     assert not path.segments[0].is_key
 
 
+def test_unicode_identifiers_parse_alike_with_and_without_keys() -> None:
+    """Python identifiers may be non-ASCII; both parsing paths accept the same names."""
+    plain = TargetPath.parse("pkg.modèle.Größe")
+    keyed = TargetPath.parse("pkg.modèle.REG['k'].Größe")
+    assert [s.name for s in plain.segments] == ["pkg", "modèle", "Größe"]
+    assert [s.name for s in keyed.segments] == ["pkg", "modèle", "REG", "k", "Größe"]
+    for bad in ("pkg.1x", "pkg.a-b", "pkg.REG['k'].1x"):
+        with pytest.raises(PatchDefinitionError):
+            TargetPath.parse(bad)
+
+
 _identifier = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 
 
