@@ -44,20 +44,22 @@ def find_holders(
     found: dict[int, list[tuple[types.ModuleType, str]]] = {}
     if not originals:
         return found
+    wanted = originals.keys()
     for module_name, module in loaded_modules().items():
         if module is None or id(module) in exclude_modules:
             continue
         if module_name in plain or module_name.startswith(dotted):
             continue
         try:
-            namespace = vars(module)
+            # dict.copy is one C call: it cannot see the module change mid-way (another
+            # thread importing) and allocates nothing per name.
+            namespace = vars(module).copy()
         except TypeError:
             continue
-        try:
-            items = list(namespace.items())
-        except RuntimeError:  # the module is being modified by another thread
+        # Most modules hold none of the originals: one C-level pass decides that.
+        if wanted.isdisjoint(map(id, namespace.values())):
             continue
-        for name, value in items:
+        for name, value in namespace.items():
             key = id(value)
             if key in originals and originals[key] is value:
                 found.setdefault(key, []).append((module, name))
