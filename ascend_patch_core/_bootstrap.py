@@ -27,6 +27,8 @@ import sys
 from typing import Any
 from typing import NamedTuple
 
+from ._hub import remove_finder
+
 
 __all__ = [
     "ENV_VAR",
@@ -243,9 +245,9 @@ class _StartAfterSite:
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
         if fullname != "sitecustomize":
             return None
-        # If someone else removed it already, start anyway: this runs once.
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
+        # Not sys.meta_path.remove(self): importlib is walking that very list right
+        # now, and an in-place removal would make it skip the next finder.
+        remove_finder(self)
         _start_child(self.options)
         return None  # the real sitecustomize, if any, is found by the next finder
 

@@ -36,6 +36,7 @@ __all__ = [
     "import_in_progress",
     "in_import_callback",
     "initializing",
+    "remove_finder",
     "wait_for_import",
 ]
 
@@ -355,8 +356,8 @@ class ImportHub(importlib.abc.MetaPathFinder):
             sys.meta_path.insert(0, self)
 
     def _maybe_uninstall(self) -> None:
-        if not (self._watches or self._patterns or self._served) and self in sys.meta_path:
-            sys.meta_path.remove(self)
+        if not (self._watches or self._patterns or self._served):
+            remove_finder(self)
 
     @property
     def installed(self) -> bool:
@@ -367,6 +368,22 @@ class ImportHub(importlib.abc.MetaPathFinder):
             f"<ascend_patch ImportHub watches={sum(map(len, self._watches.values()))}"
             f" patterns={len(self._patterns)} served={len(self._served)}>"
         )
+
+
+def remove_finder(finder: object) -> None:
+    """Take ``finder`` off ``sys.meta_path`` without disturbing imports in other threads.
+
+    importlib walks the live ``sys.meta_path`` list while it looks for a module;
+    removing an entry in place shifts the rest left, so a thread in the middle of
+    that walk skips the finder after the removed one -- usually the PathFinder --
+    and its import fails with ModuleNotFoundError (CPython gh-130094, fixed only in
+    recent releases by walking a copy). A new list is bound instead: a walk in
+    progress keeps the old one, unchanged. (Inserting in place is harmless: a walk
+    sees one finder twice.)
+    """
+    current = sys.meta_path
+    if any(f is finder for f in current):
+        sys.meta_path = [f for f in current if f is not finder]
 
 
 def wait_for_import(name: str) -> None:

@@ -488,3 +488,40 @@ def test_revert_during_an_in_flight_installation_wins(make_package: PackageFacto
     assert report.get(f"{pkg}.core.f").status is not Status.APPLIED
     patcher.revert()  # (with the bug, a second revert() is what undoes it)
     assert core.f() == "orig"
+
+
+def test_the_hub_leaving_sys_meta_path_mid_import_makes_no_finder_skipped(
+    make_package: PackageFactory,
+) -> None:
+    """The hub uninstalls while an import walks sys.meta_path: the PathFinder is still asked.
+
+    importlib walks the live list (CPython gh-130094); an in-place removal shifted the
+    PathFinder under the walk and the import failed with ModuleNotFoundError -- the
+    rare failure of the threaded test above. Here the removal is made to happen at
+    exactly that moment, by a finder placed just before the PathFinder.
+    """
+    import importlib.machinery
+
+    from ascend_patch_core._hub import ImportHub
+    from ascend_patch_core._hub import remove_finder
+
+    pkg = make_package({"mod.py": "x = 1\n"})
+    importlib.import_module(pkg)
+    own_hub = ImportHub()
+    handle = own_hub.watch("apx_never_imported_module", lambda module: None)
+
+    class UnwatchMidWalk:
+        def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+            if fullname == f"{pkg}.mod":
+                own_hub.unwatch(handle)  # as another thread's apply() would, right now
+            return None
+
+    finder = UnwatchMidWalk()
+    position = sys.meta_path.index(importlib.machinery.PathFinder)
+    sys.meta_path.insert(position, finder)
+    try:
+        assert importlib.import_module(f"{pkg}.mod").x == 1
+    finally:
+        remove_finder(finder)
+        remove_finder(own_hub)
+    assert not own_hub.installed

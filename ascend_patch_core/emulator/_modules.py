@@ -202,5 +202,7 @@ def install_finder(finder: EmulatedPackage) -> None:
 
 
 def remove_finder(finder: EmulatedPackage) -> None:
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
+    """Off ``sys.meta_path`` without making concurrent imports skip a finder (see the hub's)."""
+    from .._hub import remove_finder as remove_safely
+
+    remove_safely(finder)
