@@ -39,20 +39,24 @@ from ._report import Provenance
 from ._report import Record
 from ._report import Report
 from ._report import Status
-from ._rules import ImportRule
-from ._rules import InjectImport
-from ._rules import ReplaceImport
-from ._rules import SkipImport
 
 
 if TYPE_CHECKING:
     from ._legacy import PatcherBuilder
+    from ._rules import ImportRule
+    from ._rules import InjectImport
+    from ._rules import ReplaceImport
+    from ._rules import SkipImport
     from ._stubs import is_stub
     from ._with_imports import with_imports
 
 # Loaded on first use: start-up time inside a training process is budgeted
 # (docs/benchmarks.md), and most programs never touch these.
 _LAZY = {
+    "ImportRule": "._rules",
+    "InjectImport": "._rules",
+    "ReplaceImport": "._rules",
+    "SkipImport": "._rules",
     "PatcherBuilder": "._legacy",
     "is_stub": "._stubs",
     "with_imports": "._with_imports",

@@ -6,6 +6,7 @@ Declaring a patch does nothing: no import, no resolution. A Patcher decides when
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ __all__ = [
     "ModuleHook",
     "Patch",
     "PatchLike",
+    "is_import_rule",
     "normalize_requires",
 ]
 
@@ -267,3 +269,13 @@ class Patch(metaclass=_PatchMeta):
 
 #: What ``Patcher.add`` and the ``register_patches`` hook accept.
 PatchLike: TypeAlias = Union[type[Patch], AtomicPatch, ModuleHook, LegacyPatch]  # noqa: UP007 (runtime alias on 3.10)
+
+
+def is_import_rule(obj: object) -> bool:
+    """Whether ``obj`` is a SkipImport, ReplaceImport or InjectImport (or a subclass).
+
+    Answered without importing the rules module, which most programs never need (it
+    is not part of the budgeted start-up): no rule can exist before that module ran.
+    """
+    rules = sys.modules.get("ascend_patch_core._rules")
+    return rules is not None and isinstance(obj, rules.ImportRule)

@@ -25,6 +25,7 @@ import threading
 import types
 from collections.abc import Callable
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 
@@ -63,6 +64,7 @@ from ._patch import LegacyPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patch import PatchLike
+from ._patch import is_import_rule
 from ._registry import PluginSelection
 from ._registry import load_plugins
 from ._report import USER
@@ -72,10 +74,6 @@ from ._report import Record
 from ._report import Report
 from ._report import Status
 from ._requires import check_requirement
-from ._rules import ImportRule
-from ._rules import InjectImport
-from ._rules import ReplaceImport
-from ._rules import SkipImport
 from ._target import ABSENT
 from ._target import Missing
 from ._target import Slot
@@ -88,6 +86,9 @@ from ._target import inner_callable
 from ._target import resolve
 from ._target import resolve_string
 
+
+if TYPE_CHECKING:
+    from ._rules import ImportRule
 
 __all__ = ["Patcher"]
 
@@ -169,8 +170,8 @@ class Patcher:
         checked: list[tuple[PatchLike, Any, Provenance]] = []
         rules: list[ImportRule] = []
         for item in items:
-            if isinstance(item, ImportRule):
-                rules.append(item)
+            if is_import_rule(item):
+                rules.append(item)  # type: ignore[arg-type]
                 continue
             if isinstance(item, Patch):  # an instance of a group: use its class
                 item = type(item)
@@ -259,16 +260,22 @@ class Patcher:
 
     def skip_import(self: _Self, *modules: str) -> _Self:
         """Serve stubs for these modules and their submodules (effective immediately)."""
+        from ._rules import SkipImport
+
         return self._add_rules([SkipImport(m) for m in modules])
 
     def replace_import(
         self: _Self, module: str, replacement: Any = None, /, **exports: Any
     ) -> _Self:
         """Serve ``replacement`` when ``module`` is imported; the original never runs (immediate)."""
+        from ._rules import ReplaceImport
+
         return self._add_rules([ReplaceImport(module, replacement, **exports)])
 
     def inject_import(self: _Self, source_module: str, name: str, target_module: str) -> _Self:
         """Set ``target_module.<name>`` from ``source_module`` when the target is imported (immediate)."""
+        from ._rules import InjectImport
+
         return self._add_rules([InjectImport(source_module, name, target_module)])
 
     def _add_rules(self: _Self, rules: list[ImportRule]) -> _Self:

@@ -19,6 +19,7 @@ import sys
 import types
 from collections.abc import Iterable
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 
 from . import _hookspecs
@@ -32,10 +33,14 @@ from ._patch import LegacyPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patch import PatchLike
+from ._patch import is_import_rule
 from ._report import Provenance
 from ._report import Record
 from ._report import Status
-from ._rules import ImportRule
+
+
+if TYPE_CHECKING:
+    from ._rules import ImportRule
 
 
 __all__ = ["HOOK_NAMES", "LoadedPlugin", "PluginSelection", "load_plugins"]
@@ -364,7 +369,7 @@ def _collect(plugin: LoadedPlugin, hook_name: str, result: object) -> None:
         raise _HookFailure(f"{hook_name} returned {type(result).__name__}; expected a list")
     items = list(result)
     if hook_name == "register_import_rules":
-        bad = [i for i in items if not isinstance(i, ImportRule)]
+        bad = [i for i in items if not is_import_rule(i)]
         if bad:
             raise _HookFailure(
                 f"register_import_rules returned {bad[0]!r}; expected SkipImport, ReplaceImport or InjectImport objects"

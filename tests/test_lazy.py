@@ -80,6 +80,33 @@ def test_apply_in_subprocess_imports_no_heavy_library(tmp_path: Path) -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_rarely_used_core_modules_load_on_first_use(tmp_path: Path) -> None:
+    """Import rules, the 1.0 builder and with_imports cost nothing until a program uses them."""
+    lazy = (
+        "ascend_patch_core._rules",
+        "ascend_patch_core._legacy",
+        "ascend_patch_core._with_imports",
+    )
+    code = (
+        "import sys, ascend_patch_core\n"
+        f"print(sorted(m for m in {lazy!r} if m in sys.modules))\n"
+        "from ascend_patch_core import SkipImport, PatcherBuilder\n"
+        "assert SkipImport('apx_lazy_probe').module == 'apx_lazy_probe'\n"
+        f"print(sorted(m for m in {lazy!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(_subprocess_env(tmp_path), ASCEND_PATCH_AUTOLOAD="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.strip().splitlines()[-2:]
+    assert before == "[]"
+    assert after == str(sorted(lazy[:2]))
+
+
 def test_import_alone_in_subprocess_imports_no_heavy_library(tmp_path: Path) -> None:
     """`import ascend_patch_core` by itself imports none of the target libraries."""
     code = f"import sys, ascend_patch_core; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
-from ascend_patch_core import ReplaceImport
 
 from .runtime import npu_runtime_importable
+
+
+if TYPE_CHECKING:
+    from ascend_patch_core import ReplaceImport
 
 
 __all__ = ["import_rules", "on_npu", "torch_scatter_installed", "torch_scatter_patches"]
@@ -73,6 +77,9 @@ def import_rules() -> list[ReplaceImport]:
     """The rules serving the compatible module, when torch_scatter is absent and an NPU is there."""
     if torch_scatter_installed() or not npu_runtime_importable():
         return []
+    # Imported here: the core loads its import-rule machinery only for programs that use it.
+    from ascend_patch_core import ReplaceImport
+
     factory = f"{_COMPAT}:build"
     return [
         ReplaceImport("torch_scatter", factory),
