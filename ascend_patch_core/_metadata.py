@@ -16,8 +16,8 @@ Controls: ``ASCEND_PATCH_CACHE=0`` disables it; ``ASCEND_PATCH_CACHE_DIR`` moves
 
 from __future__ import annotations
 
+import binascii
 import contextlib
-import hashlib
 import marshal
 import os
 import sys
@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = ["EntryPointInfo", "MetadataCache", "metadata", "normalize_name"]
 
-_FORMAT = 3
+_FORMAT = 4
 #: Directory times this close to now (ns) are re-listed on the next check.
 _RACY_NS = 2_000_000_000
 # Directories and files that carry a distribution's metadata (entry points, version).
@@ -160,8 +160,9 @@ class MetadataCache:
             paths[entry] = [mtime if now - mtime > _RACY_NS else None, listing]
             if listing:
                 parts.append(listing)
-        key = hashlib.sha1("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
-        return key, paths
+        # The text itself is the key (a few kB): hashing it would cost more than the
+        # comparison, and hashlib more than that to import (~3 ms, OpenSSL).
+        return "\n".join(parts), paths
 
     @staticmethod
     def _enabled() -> bool:
@@ -174,7 +175,10 @@ class MetadataCache:
 
     def _path(self) -> str:
         directory = os.environ.get("ASCEND_PATCH_CACHE_DIR") or _default_cache_dir()
-        key = hashlib.sha1(f"{sys.executable}\0{sys.prefix}".encode()).hexdigest()[:16]
+        # One file per interpreter; a CRC is enough to keep them apart (the key inside
+        # names the interpreter again, so a collision costs a miss, never a wrong answer).
+        interpreter = f"{sys.executable}\0{sys.prefix}".encode("utf-8", "surrogatepass")
+        key = f"{binascii.crc32(interpreter):08x}"
         return os.path.join(directory, f"metadata-{key}.marshal")
 
     def _load(self, *, check: bool = False) -> dict[str, Any]:

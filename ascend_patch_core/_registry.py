@@ -13,7 +13,6 @@ Hooks are called one implementation at a time (rather than through
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 import types
@@ -139,6 +138,12 @@ class LoadedPlugin:
         self.patches: list[PatchLike] = []
 
 
+def _close_matches(word: str, candidates: Sequence[str]) -> list[str]:
+    import difflib  # only for error messages: ~1 ms to import
+
+    return difflib.get_close_matches(word, candidates, n=1)
+
+
 def _names_of(info: EntryPointInfo) -> set[str]:
     return {info.name, normalize_name(info.distribution)}
 
@@ -207,7 +212,7 @@ def load_plugins(
             if n != "*" and n not in known and normalize_name(n) not in known
         )
         for name in unknown:
-            hint = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = _close_matches(name, sorted(known))
             warnings.append(
                 f"{label} names {name!r}, which is not an installed plugin"
                 + (
@@ -307,7 +312,7 @@ def _load_one(
         if attr.startswith("__"):
             continue
         if getattr(value, marker, None) is not None and attr not in HOOK_NAMES:
-            hint = difflib.get_close_matches(attr, HOOK_NAMES, n=1)
+            hint = _close_matches(attr, HOOK_NAMES)
             _fail(
                 record,
                 f"implements unknown hook {attr!r}"
