@@ -390,8 +390,16 @@ def remove_finder(finder: object) -> None:
     sees one finder twice.)
     """
     current = sys.meta_path
-    if any(f is finder for f in current):
-        sys.meta_path = [f for f in current if f is not finder]
+    snapshot = list(current)
+    if all(f is not finder for f in snapshot):
+        return
+    sys.meta_path = [f for f in snapshot if f is not finder]
+    if len(current) != len(snapshot) or any(
+        a is not b for a, b in zip(current, snapshot, strict=False)
+    ):
+        # Another thread changed the old list between the copy and the rebinding (a
+        # few bytecodes): keep its change rather than lose it.
+        sys.meta_path = [f for f in list(current) if f is not finder]
 
 
 def wait_for_import(name: str) -> None:

@@ -525,3 +525,24 @@ def test_the_hub_leaving_sys_meta_path_mid_import_makes_no_finder_skipped(
         remove_finder(finder)
         remove_finder(own_hub)
     assert not own_hub.installed
+
+
+def test_a_finder_added_by_another_thread_while_the_hub_leaves_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rebinding does not lose a concurrent sys.meta_path.insert made to the old list."""
+    from ascend_patch_core._hub import remove_finder
+
+    leaving, arriving = object(), object()
+
+    class RacingList(list):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            items = list(super().__iter__())
+            yield from items
+            if arriving not in self:
+                self.insert(0, arriving)  # "another thread", right after the copy
+
+    monkeypatch.setattr(sys, "meta_path", RacingList([leaving, *sys.meta_path]))
+    remove_finder(leaving)
+    assert sys.meta_path[0] is arriving
+    assert all(f is not leaving for f in sys.meta_path)
