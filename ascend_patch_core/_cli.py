@@ -35,10 +35,10 @@ def _version_text(*, verbose: bool) -> str:
     lines = [f"ascend-patch {_version()} ({where}, Python {platform.python_version()})"]
     if verbose:
         # From metadata only, like doctor: no plugin is imported to list it.
-        from ._declarations import FreshMetadata
         from ._hookspecs import PROJECT_NAME
+        from ._metadata import MetadataCache
 
-        plugins = FreshMetadata().entry_points(PROJECT_NAME)
+        plugins = MetadataCache(persistent=False).entry_points(PROJECT_NAME)
         lines.append("registered plugins:" if plugins else "registered plugins: none")
         lines.extend(f"  {ep.name}: {ep.distribution} {ep.version} ({ep.value})" for ep in plugins)
     return "\n".join(lines)

@@ -43,14 +43,6 @@ __all__ = [
 ]
 
 
-class FreshMetadata(MetadataCache):
-    """A metadata view that neither reads nor writes the on-disk cache."""
-
-    @staticmethod
-    def _enabled() -> bool:
-        return False
-
-
 def dotted(target: str) -> str:
     """A target path as one dotted name: ``pkg.mod:Cls.f`` -> ``pkg.mod.Cls.f``."""
     return target.replace(":", ".")
@@ -324,7 +316,7 @@ def collect(
     ``disable`` names plugins to leave unloaded (patch and group names are checked by
     :meth:`Inventory.unknown_disabled`); ``plugins`` is an allow-list.
     """
-    meta = FreshMetadata() if meta is None else meta
+    meta = MetadataCache(persistent=False) if meta is None else meta
     disable = list(disable)
     selection = PluginSelection.from_env(plugins=list(plugins) if plugins is not None else None)
     loaded, records, warnings = load_plugins(selection, meta, also_disabled=disable)

@@ -21,11 +21,11 @@ from typing import TextIO
 from . import _environment
 from ._bootstrap import PTH_NAME
 from ._declarations import DeclaredPatch
-from ._declarations import FreshMetadata
 from ._declarations import Inventory
 from ._declarations import PluginInfo
 from ._declarations import collect
 from ._environment import Finding
+from ._metadata import MetadataCache
 from ._output import Style
 from ._output import table
 
@@ -118,7 +118,7 @@ def _plugin_dict(plugin: PluginInfo) -> dict[str, Any]:
 
 
 def _libraries(inventory: Inventory) -> list[dict[str, Any]]:
-    meta = FreshMetadata()
+    meta = MetadataCache(persistent=False)
     libraries: dict[str, dict[str, Any]] = {}
     for patch in inventory.patches():
         entry = libraries.setdefault(
@@ -301,7 +301,7 @@ def diagnose(
     """Everything doctor knows, as the ``ascend-patch-doctor/1`` JSON object."""
     started = time.perf_counter()
     disable = list(disable)
-    meta = FreshMetadata()
+    meta = MetadataCache(persistent=False)
     inventory = collect(disable=disable, plugins=plugins, meta=meta)
     core = _core_info()
     torch = _environment.torch_info(meta)

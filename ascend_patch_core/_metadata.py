@@ -106,7 +106,10 @@ def _default_cache_dir() -> str:
 class MetadataCache:
     """Entry points and distribution versions of this interpreter's ``sys.path``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, persistent: bool = True) -> None:
+        #: False: answers are computed fresh and never read from or written to disk
+        #: (``ascend-patch doctor`` reports what is installed now, not what was cached).
+        self.persistent = persistent
         self._lock = threading.RLock()
         self._fingerprint: str | None = None
         self._data: dict[str, Any] | None = None
@@ -164,9 +167,10 @@ class MetadataCache:
         # comparison, and hashlib more than that to import (~3 ms, OpenSSL).
         return "\n".join(parts), paths
 
-    @staticmethod
-    def _enabled() -> bool:
-        return os.environ.get("ASCEND_PATCH_CACHE", "1").strip().lower() not in (
+    def _enabled(self) -> bool:
+        return self.persistent and os.environ.get(
+            "ASCEND_PATCH_CACHE", "1"
+        ).strip().lower() not in (
             "0",
             "false",
             "no",

@@ -101,3 +101,24 @@ def test_a_distribution_added_within_the_same_clock_tick_is_seen(
     _dist(site, "apx-cache-g")
     os.utime(site, ns=(stamp, stamp))  # as if the clock had not ticked since the first listing
     assert _metadata.MetadataCache.fingerprint(paths)[0] != key
+
+
+def test_a_non_persistent_view_neither_reads_nor_writes_the_disk_cache(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """MetadataCache(persistent=False) (what doctor uses) answers from what is installed now."""
+    from ascend_patch_core._metadata import MetadataCache
+
+    monkeypatch.setenv("ASCEND_PATCH_CACHE_DIR", str(tmp_path / "cache"))
+    warm = MetadataCache()
+    warm.version("pluggy")
+    warm.save()
+    [cache_file] = (tmp_path / "cache").iterdir()
+    before = cache_file.read_bytes()
+
+    fresh = MetadataCache(persistent=False)
+    assert fresh.version("pluggy") == warm.version("pluggy")
+    assert fresh.hit is False
+    fresh.version("apx-never-installed-dist")
+    fresh.save()
+    assert cache_file.read_bytes() == before
