@@ -20,6 +20,7 @@ import binascii
 import contextlib
 import marshal
 import os
+import stat
 import sys
 import threading
 import time
@@ -29,11 +30,13 @@ from typing import Any
 
 __all__ = ["EntryPointInfo", "MetadataCache", "metadata", "normalize_name"]
 
-_FORMAT = 4
+_FORMAT = 5
 #: Directory times this close to now (ns) are re-listed on the next check.
 _RACY_NS = 2_000_000_000
 # Directories and files that carry a distribution's metadata (entry points, version).
 _METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+# Written in place by `setup.py develop` / legacy editable installs: re-checked each time.
+_IN_PLACE_SUFFIXES = (".egg-info", ".egg-link")
 
 
 def normalize_name(name: str) -> str:
@@ -121,17 +124,23 @@ class MetadataCache:
 
     @staticmethod
     def fingerprint(known: Mapping[str, Any] | None = None) -> tuple[str, dict[str, list[Any]]]:
-        """What the answers depend on: every distribution's metadata directory on sys.path.
+        """What the answers depend on: every distribution's metadata on sys.path.
 
-        Returns the key and, per ``sys.path`` directory, ``[mtime_ns, listing]``: the
-        directory's modification time and the names and times of the metadata it holds.
-        ``known`` is that map from the cache: a directory whose time has not changed
-        since is not listed again (one ``stat`` instead of a scan of ~150 entries;
-        installing, upgrading, reinstalling or removing a distribution adds or removes
-        a metadata directory and so changes its parent's time). A time within
-        :data:`_RACY_NS` of now is not trusted, as in git's "racy clean" check:
-        file-system clocks tick coarser than nanoseconds, so a directory changed again
-        within the same tick would keep its time.
+        Returns the key and, per ``sys.path`` entry, ``[stamp, listing]``: the
+        directory's ``[mtime_ns, ctime_ns, inode]`` and the ``[name, mtime_ns]`` of each
+        metadata entry (``*.dist-info``, ``*.egg-info``, ``*.egg-link``) it holds.
+        ``known`` is that map from the cache: a directory whose stamp has not changed
+        is not listed again (one ``stat`` instead of a scan of ~150 entries: installing,
+        upgrading, reinstalling or removing a distribution adds or removes a metadata
+        directory and so changes its parent's times). Egg-info entries, which
+        ``setup.py develop`` rewrites in place, are re-stat'ed every time.
+
+        The stamp is ``None`` when the directory changed within :data:`_RACY_NS` of
+        now, as in git's "racy clean" check: file-system clocks tick coarser than
+        nanoseconds, so a directory changed again within the same tick would keep its
+        times; such a directory is listed again next time. The ctime (which no program
+        can set back) and the inode keep a restored or different directory with the
+        same mtime -- ``''`` is whatever the working directory is -- from passing.
 
         Not the directories' times themselves: those change whenever anything is
         written there (a training script's checkpoints in the working directory),
@@ -145,24 +154,22 @@ class MetadataCache:
         parts = [sys.executable, sys.prefix, str(_FORMAT)]
         paths: dict[str, list[Any]] = {}
         for entry in sys.path:
+            if not isinstance(entry, str):
+                continue  # the PathFinder ignores such entries too
             path = entry or "."
             try:
-                mtime = os.stat(path).st_mtime_ns
+                st = os.stat(path)
             except OSError:
                 continue  # absent now: contributes nothing, as it lists nothing
-            previous = known.get(entry)
-            if (
-                isinstance(previous, list)
-                and len(previous) == 2
-                and previous[0] == mtime
-                and isinstance(previous[1], str)
-            ):
-                listing: str = previous[1]
-            else:
-                listing = _listing(entry, path, mtime)
-            paths[entry] = [mtime if now - mtime > _RACY_NS else None, listing]
+            stamp = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            listing = _reusable_listing(known.get(entry), stamp, path)
+            if listing is None:
+                listing = _listing(path, st)
+            racy = now - max(st.st_mtime_ns, st.st_ctime_ns) <= _RACY_NS
+            paths[entry] = [None if racy else stamp, listing]
             if listing:
-                parts.append(listing)
+                parts.append(entry)
+                parts.extend(f"{name}\0{mtime}" for name, mtime in listing)
         # The text itself is the key (a few kB): hashing it would cost more than the
         # comparison, and hashlib more than that to import (~3 ms, OpenSSL).
         return "\n".join(parts), paths
@@ -210,6 +217,8 @@ class MetadataCache:
             else:
                 self.hit = False
                 self._data = {
+                    "format": _FORMAT,
+                    "interpreter": [sys.executable, sys.prefix],
                     "fingerprint": fingerprint,
                     "paths": paths,
                     "groups": {},
@@ -227,13 +236,33 @@ class MetadataCache:
                 data = marshal.load(fh)
         except (OSError, EOFError, ValueError, TypeError):
             return None
-        return data if isinstance(data, dict) else None
+        # Another format or interpreter (a CRC collision in the file name): not ours.
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != _FORMAT
+            or data.get("interpreter") != [sys.executable, sys.prefix]
+        ):
+            return None
+        return data
 
     def _note_paths(self, paths: dict[str, list[Any]]) -> None:
-        """Remember directory times that moved without changing the key (saved with the cache)."""
+        """Remember directory stamps that moved without changing the key.
+
+        Saved with the cache only when a directory holding metadata moved (so that
+        the next run need not list it): the working directory's time moves on every
+        run of a program that writes there, and rewriting the cache for it would make
+        every rank of every launch write the file.
+        """
         assert self._data is not None
-        if self._data.get("paths") != paths:
-            self._data["paths"] = paths
+        previous = self._data.get("paths")
+        if previous == paths:
+            return
+        self._data["paths"] = paths
+        old = previous if isinstance(previous, dict) else {}
+        if any(
+            listing and old.get(entry) != [stamp, listing]
+            for entry, (stamp, listing) in paths.items()
+        ):
             self._dirty = True
 
     def save(self) -> None:
@@ -244,13 +273,15 @@ class MetadataCache:
             path = self._path()
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.{os.getpid()}.tmp"
+                # Unique even across hosts sharing a home directory.
+                tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
                 with open(tmp, "wb") as fh:
                     marshal.dump(self._data, fh)
                 os.replace(tmp, path)
                 self._dirty = False
-            except OSError:
-                pass
+            except (OSError, ValueError, TypeError):  # ValueError: unmarshallable data
+                with contextlib.suppress(OSError, UnboundLocalError):
+                    os.remove(tmp)
 
     def clear(self) -> None:
         with self._lock:
@@ -311,23 +342,44 @@ class MetadataCache:
 _Row = tuple[str, str, str, str, str]
 
 
-def _listing(entry: str, path: str, mtime: int) -> str:
-    """The metadata a sys.path entry holds, as text; '' when it holds none."""
-    if not os.path.isdir(path):  # a zip or egg file on sys.path
-        return f"{entry}\0{mtime}"
+def _listing(path: str, st: os.stat_result) -> list[list[Any]]:
+    """``[name, mtime_ns]`` of the metadata a sys.path entry holds; [] when none."""
+    if not stat.S_ISDIR(st.st_mode):  # a zip or egg file on sys.path: itself
+        return [["", st.st_mtime_ns]]
     try:
         with os.scandir(path) as entries:
             found = [
-                f"{e.name}\0{e.stat().st_mtime_ns}"
+                [e.name, e.stat().st_mtime_ns]
                 for e in entries
                 if e.name.endswith(_METADATA_SUFFIXES)
             ]
     except OSError:
-        return f"{entry}\0-"
-    if not found:
-        return ""
+        return [["-", 0]]  # unreadable: a listing of its own, so a later read differs
     found.sort()
-    return "\n".join([entry, *found])
+    return found
+
+
+def _reusable_listing(previous: object, stamp: list[int], path: str) -> list[list[Any]] | None:
+    """The cached listing of a directory, if its stamp and its egg-info entries are unchanged."""
+    if not (
+        isinstance(previous, list)
+        and len(previous) == 2
+        and previous[0] == stamp
+        and isinstance(previous[1], list)
+    ):
+        return None
+    listing: list[list[Any]] = previous[1]
+    for item in listing:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            return None
+        name, mtime = item
+        if name.endswith(_IN_PLACE_SUFFIXES):
+            try:
+                if os.stat(os.path.join(path, name)).st_mtime_ns != mtime:
+                    return None
+            except OSError:
+                return None
+    return listing
 
 
 def _scan_group(group: str) -> tuple[list[_Row], list[_Row]]:

@@ -72,11 +72,11 @@ def test_unchanged_directory_is_not_listed_again(tmp_path: Path, monkeypatch: An
 
     site = tmp_path / "site"
     _dist(site, "apx-cache-e")
-    hour_ago = time.time_ns() - 3600 * 10**9
-    os.utime(site, ns=(hour_ago, hour_ago))
     _site_on_path(site, monkeypatch)
+    # The directory was just written; the racy-clean rule would not trust its times yet.
+    monkeypatch.setattr(_metadata, "_RACY_NS", -(10**12))
     key, paths = _metadata.MetadataCache.fingerprint()
-    assert paths[str(site)][0] == hour_ago
+    assert paths[str(site)][0] is not None
 
     listed: list[str] = []
     real = _metadata._listing
@@ -122,3 +122,51 @@ def test_a_non_persistent_view_neither_reads_nor_writes_the_disk_cache(
     fresh.version("apx-never-installed-dist")
     fresh.save()
     assert cache_file.read_bytes() == before
+
+
+def test_an_egg_info_rewritten_in_place_changes_the_key(tmp_path: Path, monkeypatch: Any) -> None:
+    """setup.py develop adds entry_points.txt inside an existing egg-info: the parent's time stays."""
+    from ascend_patch_core import _metadata
+
+    site = tmp_path / "site"
+    egg = site / "apx_develop.egg-info"
+    egg.mkdir(parents=True)
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: apx-develop\nVersion: 1.0\n")
+    _site_on_path(site, monkeypatch)
+    monkeypatch.setattr(_metadata, "_RACY_NS", -(10**12))  # trust the fresh times
+    key, paths = _metadata.MetadataCache.fingerprint()
+    parent = os.stat(site)
+    (egg / "entry_points.txt").write_text("[ascend_patch]\nx = apx_develop\n")
+    later = time.time_ns() + 10**9
+    os.utime(egg, ns=(later, later))  # a coarse clock could have kept it; make sure it moved
+    assert os.stat(site).st_mtime_ns == parent.st_mtime_ns
+    assert _metadata.MetadataCache.fingerprint(paths)[0] != key
+
+
+def test_non_string_sys_path_entries_are_ignored(tmp_path: Path, monkeypatch: Any) -> None:
+    """A pathlib.Path entry on sys.path (the PathFinder ignores it) breaks nothing."""
+    from ascend_patch_core._metadata import MetadataCache
+
+    monkeypatch.setenv("ASCEND_PATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "path", [tmp_path, *sys.path])
+    cache = MetadataCache()
+    assert cache.version("pluggy")
+    cache.save()
+    assert list((tmp_path / "cache").iterdir())
+
+
+def test_a_moving_working_directory_does_not_rewrite_the_cache() -> None:
+    """Checkpoints written next to the program move its directory's times: no rewrite for that.
+
+    Every rank of every launch would otherwise write the cache file. A moved
+    directory that holds metadata is saved (the next run need not list it again).
+    """
+    from ascend_patch_core._metadata import MetadataCache
+
+    listing = [["apx_x-1.0.dist-info", 5]]
+    cache = MetadataCache()
+    cache._data = {"paths": {"": [[1, 1, 7], []], "/site": [[2, 2, 8], listing]}}
+    cache._note_paths({"": [[9, 9, 7], []], "/site": [[2, 2, 8], listing]})
+    assert cache._dirty is False
+    cache._note_paths({"": [[9, 9, 7], []], "/site": [[3, 3, 8], listing]})
+    assert cache._dirty is True

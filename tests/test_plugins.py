@@ -1073,7 +1073,7 @@ def test_second_process_with_a_warm_cache_imports_neither_importlib_metadata_nor
     import compileall
 
     # pip byte-compiles at install time; without it the first run's __pycache__ would
-    # change the directory's mtime and so the fingerprint of the next run.
+    # move the directory's times and make the next run list it again (still a hit).
     compileall.compile_dir(str(plugin.root), quiet=1)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
