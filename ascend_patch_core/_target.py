@@ -42,8 +42,6 @@ __all__ = [
 ]
 
 # Patterns are compiled on first use (re caches them): import time is budgeted.
-# Python identifiers, Unicode included (what str.isidentifier accepts).
-_IDENTIFIER = r"[^\W\d]\w*"
 _BRACKET = r"""\[(?:'([^']*)'|"([^"]*)")\]"""
 
 
@@ -160,13 +158,18 @@ def _split(text: str, whole: str) -> list[Segment]:
             pos = m.end()
             pos = _after_segment(text, pos, whole)
             continue
-        m = re.compile(_IDENTIFIER).match(text, pos)
-        if not m:
+        # A name runs to the next '.' or '['; it must be a Python identifier, judged
+        # by str.isidentifier as on the plain path above.
+        end = pos
+        while end < n and text[end] not in ".[":
+            end += 1
+        name = text[pos:end]
+        if not name.isidentifier():
             raise PatchDefinitionError(
                 f"invalid target path {whole!r}: bad name near {text[pos:]!r}"
             )
-        out.append(Segment(m.group(0)))
-        pos = _after_segment(text, m.end(), whole)
+        out.append(Segment(name))
+        pos = _after_segment(text, end, whole)
     return out
 
 

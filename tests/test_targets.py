@@ -140,7 +140,8 @@ def test_unicode_identifiers_parse_alike_with_and_without_keys() -> None:
     keyed = TargetPath.parse("pkg.modèle.REG['k'].Größe")
     assert [s.name for s in plain.segments] == ["pkg", "modèle", "Größe"]
     assert [s.name for s in keyed.segments] == ["pkg", "modèle", "REG", "k", "Größe"]
-    for bad in ("pkg.1x", "pkg.a-b", "pkg.REG['k'].1x"):
+    assert [s.name for s in TargetPath.parse("m.℘['k']").segments] == ["m", "℘", "k"]
+    for bad in ("pkg.1x", "pkg.a-b", "pkg.REG['k'].1x", "m.x²['k']", "m.x²"):
         with pytest.raises(PatchDefinitionError):
             TargetPath.parse(bad)
 
