@@ -24,10 +24,13 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
+# Declared in groups.py (imported by apply() without this module); re-exported here
+# for code written against the module the group used to live in.
+from .groups import FusedOptimizers
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["fused_kernels_available", "fused_optimizers_patches"]
+__all__ = ["FusedOptimizers", "fused_kernels_available", "fused_optimizers_patches"]
 
 # optimizer class path -> the aten op its fused path calls
 _OPTIMIZERS = {

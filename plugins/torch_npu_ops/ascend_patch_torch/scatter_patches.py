@@ -20,6 +20,9 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
+# Declared in groups.py (imported by apply() without this module); re-exported here
+# for code written against the module the group used to live in.
+from .groups import TorchScatter
 from .runtime import npu_runtime_importable
 
 
@@ -27,7 +30,13 @@ if TYPE_CHECKING:
     from ascend_patch_core import ReplaceImport
 
 
-__all__ = ["import_rules", "on_npu", "torch_scatter_installed", "torch_scatter_patches"]
+__all__ = [
+    "TorchScatter",
+    "import_rules",
+    "on_npu",
+    "torch_scatter_installed",
+    "torch_scatter_patches",
+]
 
 _COMPAT = "ascend_patch_torch.torch_scatter_compat"
 

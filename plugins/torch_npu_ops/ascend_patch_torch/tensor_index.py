@@ -22,10 +22,13 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
+# Declared in groups.py (imported by apply() without this module); re-exported here
+# for code written against the module the group used to live in.
+from .groups import TensorIndex
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["is_bool_mask", "masked_index", "tensor_index_patches"]
+__all__ = ["TensorIndex", "is_bool_mask", "masked_index", "tensor_index_patches"]
 
 _tensor_type: Any = None
 _bool: Any = None
