@@ -398,7 +398,9 @@ def remove_finder(finder: object) -> None:
         a is not b for a, b in zip(current, snapshot, strict=False)
     ):
         # Another thread changed the old list between the copy and the rebinding (a
-        # few bytecodes): keep its change rather than lose it.
+        # few bytecodes): keep its change rather than lose it. A change made to the
+        # old list after this check is still lost; closing that would need a lock
+        # every other user of sys.meta_path takes, and there is none.
         sys.meta_path = [f for f in list(current) if f is not finder]
 
 

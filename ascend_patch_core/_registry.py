@@ -86,6 +86,17 @@ class PluginSelection:
         self.strict = strict
         self.extra = extra
 
+    def _key(self) -> tuple[object, ...]:
+        return (self.disable, self.allow, self.autoload, self.strict, self.extra)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PluginSelection):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     def __repr__(self) -> str:
         return (
             f"PluginSelection(disable={sorted(self.disable)}, allow={self.allow and sorted(self.allow)},"

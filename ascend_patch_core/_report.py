@@ -55,16 +55,16 @@ class Provenance:
         self.entry_point = entry_point
         self.file = file
 
-    def _fields(self) -> tuple[str | None, ...]:
+    def _key(self) -> tuple[str | None, ...]:
         return (self.plugin, self.distribution, self.version, self.entry_point, self.file)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Provenance):
             return NotImplemented
-        return self._fields() == other._fields()
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._fields())
+        return hash(self._key())
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items() if v is not None)
