@@ -142,10 +142,12 @@ class AtomicPatch:
     def call_precheck(self, original: Any) -> object:
         """Call the precheck with the keyword arguments it declares."""
         assert self.precheck is not None
-        try:
-            parameters = inspect.signature(self.precheck).parameters
-        except (TypeError, ValueError):
+        from ._wrappers import shared_signature
+
+        signature = shared_signature(self.precheck)
+        if signature is None:
             return self.precheck()
+        parameters = signature.parameters
         offered = {
             "target": self.target,
             "replacement": self.replacement,

@@ -642,12 +642,18 @@ class Patcher:
                     )
 
     def _check_requirements(self, entries: list[Entry]) -> None:
+        # A group's requirement is repeated on each of its patches: one answer per
+        # text and plan (under the emulator, torch-npu answers are not cached on disk).
+        answers: dict[str, tuple[bool, str]] = {}
         for entry in entries:
             if entry.state != PLANNED:
                 continue
             requirements = tuple(entry.patch.requires) + tuple(getattr(entry, "extra_requires", ()))
             for requirement in requirements:
-                ok, why = check_requirement(requirement, metadata)
+                answer = answers.get(requirement)
+                if answer is None:
+                    answer = answers[requirement] = check_requirement(requirement, metadata)
+                ok, why = answer
                 if not ok:
                     self._finish(entry, SKIPPED, Status.SKIPPED, f"requires {requirement}: {why}")
                     break

@@ -20,7 +20,7 @@ from typing import Any
 from ._report import CallCounters
 
 
-__all__ = ["make_runtime_check_wrapper"]
+__all__ = ["make_runtime_check_wrapper", "shared_signature"]
 
 _P = inspect.Parameter
 
@@ -74,23 +74,25 @@ def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
-#: Signatures of runtime checks, which plugins share between many patches (one
-#: ``always`` check serves ~150 redirect patches). Keyed by identity, not equality (a
-#: callable's ``__eq__`` is its own business); forgotten when the check is collected.
-_check_signatures: dict[int, tuple[weakref.ref[Any], inspect.Signature | None]] = {}
+#: Signatures of runtime checks and prechecks, which plugins share between many
+#: patches (one ``always`` check and one precheck serve ~150 redirect patches). Keyed
+#: by identity, not equality (a callable's ``__eq__`` is its own business); forgotten
+#: when the callable is collected.
+_shared_signatures: dict[int, tuple[weakref.ref[Any], inspect.Signature | None]] = {}
 
 
-def _check_signature(check: Callable[..., object]) -> inspect.Signature | None:
-    key = id(check)
-    cached = _check_signatures.get(key)
-    if cached is not None and cached[0]() is check:
+def shared_signature(func: Callable[..., object]) -> inspect.Signature | None:
+    """``inspect.signature(func)`` (None if it has none), computed once per callable."""
+    key = id(func)
+    cached = _shared_signatures.get(key)
+    if cached is not None and cached[0]() is func:
         return cached[1]
-    found = _signature(check)
+    found = _signature(func)
     try:
-        ref = weakref.ref(check, lambda _dead: _check_signatures.pop(key, None))
+        ref = weakref.ref(func, lambda _dead: _shared_signatures.pop(key, None))
     except TypeError:  # not weakly referenceable (a builtin): not cached
         return found
-    _check_signatures[key] = (ref, found)
+    _shared_signatures[key] = (ref, found)
     return found
 
 
@@ -118,7 +120,7 @@ def _fixed_signature_wrapper(
     original: Callable[..., Any],
     counters: CallCounters,
 ) -> Callable[..., Any] | None:
-    sig_r, sig_o, sig_c = _signature(replacement), _signature(original), _check_signature(check)
+    sig_r, sig_o, sig_c = _signature(replacement), _signature(original), shared_signature(check)
     if sig_r is None or sig_o is None or sig_c is None or not _same_parameters(sig_r, sig_o):
         return None
     params = list(sig_r.parameters.values())
