@@ -5,6 +5,7 @@ Sessions tagged ``ci`` are what ``python3 dev.py test`` and ``.ci/run`` execute.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nox
@@ -24,6 +25,10 @@ nox.options.default_venv_backend = "venv"
 # CI starts from a fresh clone, so it always builds them anew.
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
+
+#: Hypothesis draws the same examples on every run (conftest.py); set
+#: HYPOTHESIS_PROFILE=explore to search with fresh randomness instead.
+TEST_ENV = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
 
 
 def install_project(session: nox.Session) -> None:
@@ -46,7 +51,7 @@ def tests(session: nox.Session) -> None:
     """Run the whole test suite (core and plugins). Extra args go to pytest."""
     install_project(session)
     # Exit code 5 means "no tests collected": allowed while the suite is being written.
-    session.run("pytest", *session.posargs, success_codes=[0, 5])
+    session.run("pytest", *session.posargs, success_codes=[0, 5], env=TEST_ENV)
 
 
 @nox.session(python=PYTHON, tags=["ci"])
@@ -79,7 +84,7 @@ def training_stack_tests(
         "pytest",
         f"tests/test_training_{stack}.py",
         *session.posargs,
-        env={"ASCEND_PATCH_TEST_REQUIRE": stack},
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": stack},
     )
 
 
@@ -152,7 +157,7 @@ def torch_plugin(session: nox.Session) -> None:
         "-m",
         "not slow",
         *session.posargs,
-        env={"ASCEND_PATCH_TEST_REQUIRE": "numpy,torch_scatter"},
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "numpy,torch_scatter"},
     )
 
 
