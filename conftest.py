@@ -4,8 +4,8 @@
   examples on every run, no example database, and a reproduction blob on failure. A
   suite that must stay green on a clean clone cannot depend on which random
   examples a run happens to draw; exploring is a separate activity.
-* ``explore`` -- ten times the examples with fresh randomness, for looking for bugs:
-  ``HYPOTHESIS_PROFILE=explore python3 dev.py test``.
+* ``explore`` -- fresh randomness (and 1000 examples where a test does not set its
+  own number), for looking for bugs: ``HYPOTHESIS_PROFILE=explore python3 dev.py test``.
 * ``default`` -- Hypothesis' own defaults (plain ``pytest`` runs).
 """
 
