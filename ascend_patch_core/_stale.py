@@ -48,6 +48,10 @@ def find_holders(
     for module_name, module in loaded_modules().items():
         if module is None or id(module) in exclude_modules:
             continue
+        if module_name == "builtins":
+            # Its names are where the originals of print, open & co. live, not references
+            # some module took before apply(): never reported, never rebound.
+            continue
         if module_name in plain or module_name.startswith(dotted):
             continue
         try:

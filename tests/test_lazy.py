@@ -673,3 +673,20 @@ def test_revert_keeps_replacement_module_global(make_package: PackageFactory) ->
     assert core.f() == "orig"
     assert impl.fast_f is replacement
     assert impl.fast_f() == "new"
+
+
+def test_a_target_holding_a_builtin_never_rebinds_builtins(make_package: PackageFactory) -> None:
+    """A module global that *is* print: patching it with rebind must not make builtins.print the replacement."""
+    import builtins
+
+    pkg = make_package({"core.py": "show = print\n"})
+    imp(f"{pkg}.core")
+    real_print = builtins.print
+    p = Patcher(rebind_stale=True).add(AtomicPatch(f"{pkg}.core.show", make_new("shown")))
+    try:
+        record = p.apply().get(f"{pkg}.core.show")
+        assert builtins.print is real_print
+        assert "builtins.print" not in record.rebound_holders + record.stale_holders
+    finally:
+        p.revert()
+    assert builtins.print is real_print
