@@ -63,13 +63,16 @@ class Skip(Exception):
 class Site:
     """One installed slot: the primary target or an alias."""
 
-    __slots__ = ("installed", "installed_inner", "path", "rebinds", "slot")
+    __slots__ = ("installed", "installed_inner", "modules_before", "path", "rebinds", "slot")
 
     def __init__(self, path: TargetPath) -> None:
         self.path = path
         self.slot: Slot | None = None
         self.installed: Any = None
         self.installed_inner: Any = None
+        #: ids of the modules loaded when ``installed_inner`` was installed: they may
+        #: hold that object for their own reasons and are not given the original back.
+        self.modules_before: frozenset[int] = frozenset()
         #: (module, global name, original) rebound to the replacement.
         self.rebinds: list[tuple[types.ModuleType, str, Any]] = []
 

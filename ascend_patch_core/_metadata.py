@@ -248,21 +248,14 @@ class MetadataCache:
     def _note_paths(self, paths: dict[str, list[Any]]) -> None:
         """Remember directory stamps that moved without changing the key.
 
-        Saved with the cache only when a directory holding metadata moved (so that
-        the next run need not list it): the working directory's time moves on every
-        run of a program that writes there, and rewriting the cache for it would make
-        every rank of every launch write the file.
+        Saved with the cache, so that the next run need not list those directories
+        again. A program that writes into its own directory on every run (checkpoints,
+        logs) therefore lists it once per launch -- as the interpreter's own path
+        finder does for that directory anyway -- and rewrites the small cache file.
         """
         assert self._data is not None
-        previous = self._data.get("paths")
-        if previous == paths:
-            return
-        self._data["paths"] = paths
-        old = previous if isinstance(previous, dict) else {}
-        if any(
-            listing and old.get(entry) != [stamp, listing]
-            for entry, (stamp, listing) in paths.items()
-        ):
+        if self._data.get("paths") != paths:
+            self._data["paths"] = paths
             self._dirty = True
 
     def save(self) -> None:

@@ -74,6 +74,7 @@ from ._report import Record
 from ._report import Report
 from ._report import Status
 from ._requires import check_requirement
+from ._stale import module_ids
 from ._target import ABSENT
 from ._target import Missing
 from ._target import Slot
@@ -881,11 +882,13 @@ class Patcher:
             )
             entry.original, entry.new_inner = original, new_inner
             site = entry.primary
+            modules_before = module_ids()
             slot.install(new_raw)
             with self._lock:
                 cancelled = entry.state != INSTALLING  # revert() ran meanwhile
                 if not cancelled:
                     site.slot, site.installed, site.installed_inner = slot, new_raw, new_inner
+                    site.modules_before = modules_before
                     self._log.append(site)
                     entry.immediate = self._in_apply_call()
                     entry.state = APPLIED
@@ -985,8 +988,10 @@ class Patcher:
                     if isinstance(trampoline_raw, (staticmethod, classmethod))
                     else state.func
                 )
+                modules_before = module_ids()
                 site.slot.install(new_raw)
                 site.installed, site.installed_inner = new_raw, state.func
+                site.modules_before = modules_before
 
         state.on_resolved.append(swap)
 
@@ -1031,6 +1036,7 @@ class Patcher:
             new_raw = (
                 adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
             )
+            modules_before = module_ids()
             found.install(new_raw)
         except Exception as exc:
             entry.record.aliases[path] = f"failed: {exc}"
@@ -1040,6 +1046,7 @@ class Patcher:
             cancelled = entry.state != APPLIED  # revert() ran meanwhile
             if not cancelled:
                 site.slot, site.installed, site.installed_inner = found, new_raw, new_inner
+                site.modules_before = modules_before
                 self._log.append(site)
         if cancelled:
             if found.current() is new_raw:
@@ -1345,7 +1352,7 @@ class Patcher:
         ``from x import f`` executed after the patch binds the replacement; without
         this, such modules would keep it after revert() and the undo would not be exact.
         """
-        pairs: dict[int, tuple[Any, Any]] = {}
+        pairs: dict[int, tuple[Any, Any, frozenset[int]]] = {}
         owners: set[int] = set()
         for site in log:
             slot = site.slot
@@ -1356,7 +1363,7 @@ class Patcher:
                 or not callable(site.installed_inner)
             ):
                 continue
-            pairs[id(site.installed_inner)] = (site.installed_inner, slot.raw)
+            pairs[id(site.installed_inner)] = (site.installed_inner, slot.raw, site.modules_before)
             owners.add(id(slot.owner))
         if not pairs:
             return
@@ -1364,8 +1371,10 @@ class Patcher:
 
         holders = find_holders({k: v[0] for k, v in pairs.items()}, owners, own_modules(entries))
         for key, found in holders.items():
-            installed, original = pairs[key]
+            installed, original, modules_before = pairs[key]
             for module, name in found:
+                if id(module) in modules_before:
+                    continue  # loaded before the install: it holds the object for itself
                 if vars(module).get(name) is installed:
                     setattr(module, name, original)
 

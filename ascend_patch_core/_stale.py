@@ -14,7 +14,7 @@ import types
 from collections.abc import Iterable
 
 
-__all__ = ["find_holders", "loaded_modules"]
+__all__ = ["find_holders", "loaded_modules", "module_ids"]
 
 
 def loaded_modules() -> dict[str, types.ModuleType]:
@@ -31,6 +31,50 @@ def loaded_modules() -> dict[str, types.ModuleType]:
         except RuntimeError:
             continue
     return sys.modules.copy()
+
+
+_ids: tuple[int, object, frozenset[int]] | None = None
+
+
+def module_ids() -> frozenset[int]:
+    """The ids of the modules loaded now: who may hold a replacement before it is installed.
+
+    revert() gives the original back only to modules that imported the replacement
+    while it was installed; a module already loaded at install time that holds the
+    same object (a library re-exporting the function used as replacement, builtins
+    holding print) had it before, and is left alone. One snapshot serves every
+    install until sys.modules changes (its size or its last key: imports append);
+    a module that finished initializing since is then still counted as "after",
+    which errs towards the exact undo the module needs if it imported while applied.
+    """
+    global _ids
+    modules = sys.modules
+    try:
+        marker = (len(modules), next(reversed(modules), None))
+    except RuntimeError:  # changed while read: take a fresh snapshot
+        marker = None
+    if marker is not None and _ids is not None and _ids[:2] == marker:
+        return _ids[2]
+    # A module still running its body (a package __init__ doing `from .core import f`,
+    # which is what triggered the install) binds the replacement afterwards: it is not
+    # "before". importlib holds a lock per module being imported; their names are far
+    # fewer than the modules (asking each module's spec costs ~1 ms with torch loaded).
+    from importlib import _bootstrap
+
+    locks = getattr(_bootstrap, "_module_locks", None)
+    loaded = loaded_modules()
+    if isinstance(locks, dict):
+        busy = set(locks)
+        found = frozenset(id(m) for name, m in loaded.items() if name not in busy)
+    else:  # pragma: no cover - a Python without the private lock table
+        found = frozenset(
+            id(m)
+            for m in loaded.values()
+            if not getattr(getattr(m, "__spec__", None), "_initializing", False)
+        )
+    if marker is not None:
+        _ids = (*marker, found)
+    return found
 
 
 def find_holders(

@@ -690,3 +690,46 @@ def test_a_target_holding_a_builtin_never_rebinds_builtins(make_package: Package
     finally:
         p.revert()
     assert builtins.print is real_print
+
+
+def test_revert_leaves_modules_that_held_the_replacement_before_apply(
+    make_package: PackageFactory,
+) -> None:
+    """A replacement re-exported elsewhere (torchvision.ops.nms-style) is no late importer: revert leaves it."""
+    pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
+    plug = make_package({"impl.py": "def fast_f():\n    return 'new'\n"})
+    # Another library re-exports it (as torch re-exports torchvision-free ops, or a
+    # utility package its dependency's functions): outside the replacement's package.
+    other = make_package({"api.py": f"from {plug}.impl import fast_f\n"})
+    api = imp(f"{other}.api")
+    replacement = api.fast_f
+    core = imp(f"{pkg}.core")
+    p = Patcher().add(AtomicPatch(f"{pkg}.core.f", replacement))
+    try:
+        p.apply()
+        late = make_package({"late.py": f"from {pkg}.core import f\n"})
+        assert imp(f"{late}.late").f is replacement
+    finally:
+        p.revert()
+    assert core.f() == "orig"
+    assert api.fast_f is replacement  # held before apply(): untouched
+    assert sys.modules[f"{late}.late"].f is core.f  # imported while applied: given the original
+
+
+def test_revert_of_a_builtin_replacement_leaves_builtins_alone(
+    make_package: PackageFactory,
+) -> None:
+    """Replacing a module global with print, then reverting, must not touch builtins.print."""
+    import builtins
+
+    pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
+    core = imp(f"{pkg}.core")
+    real_print = builtins.print
+    p = Patcher().add(AtomicPatch(f"{pkg}.core.f", print))
+    try:
+        p.apply()
+        assert core.f is print
+    finally:
+        p.revert()
+    assert builtins.print is real_print
+    assert core.f() == "orig"

@@ -155,18 +155,27 @@ def test_non_string_sys_path_entries_are_ignored(tmp_path: Path, monkeypatch: An
     assert list((tmp_path / "cache").iterdir())
 
 
-def test_a_moving_working_directory_does_not_rewrite_the_cache() -> None:
-    """Checkpoints written next to the program move its directory's times: no rewrite for that.
+def test_a_moved_directory_is_listed_once_then_remembered(tmp_path: Path, monkeypatch: Any) -> None:
+    """The working directory's times move when a program writes there: listed again once, then not."""
+    from ascend_patch_core import _metadata
 
-    Every rank of every launch would otherwise write the cache file. A moved
-    directory that holds metadata is saved (the next run need not list it again).
-    """
-    from ascend_patch_core._metadata import MetadataCache
-
-    listing = [["apx_x-1.0.dist-info", 5]]
-    cache = MetadataCache()
-    cache._data = {"paths": {"": [[1, 1, 7], []], "/site": [[2, 2, 8], listing]}}
-    cache._note_paths({"": [[9, 9, 7], []], "/site": [[2, 2, 8], listing]})
-    assert cache._dirty is False
-    cache._note_paths({"": [[9, 9, 7], []], "/site": [[3, 3, 8], listing]})
-    assert cache._dirty is True
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(sys, "path", [str(work), *sys.path])
+    monkeypatch.setattr(_metadata, "_RACY_NS", -(10**12))  # trust the fresh times
+    key, paths = _metadata.MetadataCache.fingerprint()
+    (work / "checkpoint-1.pt").write_bytes(b"x")
+    listed: list[str] = []
+    real = _metadata._listing
+    monkeypatch.setattr(
+        _metadata, "_listing", lambda path, *a: listed.append(path) or real(path, *a)
+    )
+    moved_key, moved = _metadata.MetadataCache.fingerprint(paths)
+    assert moved_key == key and listed == [str(work)]
+    cache = _metadata.MetadataCache()
+    cache._data = {"paths": paths}
+    cache._note_paths(moved)  # kept with the cache ...
+    assert cache._dirty
+    listed.clear()
+    assert _metadata.MetadataCache.fingerprint(moved)[0] == key
+    assert listed == []  # ... so the next run does not list it again
