@@ -6,16 +6,18 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 
 from ._errors import PatchDefinitionError
+from ._value import Value
 
 
 __all__ = ["EnvSetting", "normalize_env"]
 
 
-class EnvSetting:
+class EnvSetting(Value):
     """A recommended environment variable: written only if the user has not set it."""
 
     __module__ = "ascend_patch_core"
     __slots__ = ("name", "value", "why")
+    _fields = ("name", "value", "why")
 
     def __init__(self, name: str, value: str, why: str = "") -> None:
         if not isinstance(name, str) or not name or "=" in name:
@@ -27,14 +29,6 @@ class EnvSetting:
         self.name = name
         self.value = value
         self.why = why
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, EnvSetting):
-            return NotImplemented
-        return (self.name, self.value, self.why) == (other.name, other.value, other.why)
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.value, self.why))
 
     def __repr__(self) -> str:
         return f"EnvSetting({self.name!r}, {self.value!r}, why={self.why!r})"

@@ -27,6 +27,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ._value import Value
+
 
 __all__ = ["EntryPointInfo", "MetadataCache", "metadata", "normalize_name"]
 
@@ -54,14 +56,11 @@ def normalize_name(name: str) -> str:
     return "".join(out)
 
 
-class EntryPointInfo:
-    """One entry point, as the cache stores it.
-
-    A ``__slots__`` class rather than a NamedTuple: creating a NamedTuple class costs
-    ~80 us, paid on every ``import ascend_patch_core``.
-    """
+class EntryPointInfo(Value):
+    """One entry point, as the cache stores it."""
 
     __slots__ = ("distribution", "group", "name", "value", "version")
+    _fields = ("name", "value", "group", "distribution", "version")
 
     def __init__(self, name: str, value: str, group: str, distribution: str, version: str) -> None:
         self.name = name
@@ -69,20 +68,6 @@ class EntryPointInfo:
         self.group = group
         self.distribution = distribution
         self.version = version
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, EntryPointInfo):
-            return NotImplemented
-        return self._row() == other._row()
-
-    def __hash__(self) -> int:
-        return hash(self._row())
-
-    def __repr__(self) -> str:
-        return f"EntryPointInfo({self.name!r}, {self.value!r}, distribution={self.distribution!r})"
-
-    def _row(self) -> tuple[str, str, str, str, str]:
-        return (self.name, self.value, self.group, self.distribution, self.version)
 
     @property
     def module(self) -> str:

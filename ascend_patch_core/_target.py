@@ -26,6 +26,7 @@ from typing import Any
 
 from ._errors import PatchDefinitionError
 from ._hub import initializing
+from ._value import Value
 
 
 __all__ = [
@@ -50,55 +51,32 @@ def is_dotted_name(text: str) -> bool:
     return bool(text) and all(part.isidentifier() for part in text.split("."))
 
 
-# The small value types below are __slots__ classes, not NamedTuples: creating a
-# NamedTuple class costs ~80 us (it compiles its __new__), and this module is part of
-# `import ascend_patch_core`, whose cost inside a training process is budgeted.
+# The small value types below are Value (__slots__) classes, not NamedTuples: see _value.py.
 
 
-class Segment:
+class Segment(Value):
     """One step of a target path: an attribute, or (``is_key``) a mapping key."""
 
     __slots__ = ("is_key", "name")
+    _fields = ("name", "is_key")
 
     def __init__(self, name: str, is_key: bool = False) -> None:
         self.name = name
         #: Written as ``['key']``: always a mapping key, never an attribute.
         self.is_key = is_key
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Segment):
-            return NotImplemented
-        return (self.name, self.is_key) == (other.name, other.is_key)
 
-    def __hash__(self) -> int:
-        return hash((self.name, self.is_key))
-
-    def __repr__(self) -> str:
-        return f"Segment({self.name!r}, is_key={self.is_key})"
-
-
-class TargetPath:
+class TargetPath(Value):
     """A parsed target path."""
 
     __slots__ = ("module", "segments", "text")
+    _fields = ("text", "module", "segments")
 
     def __init__(self, text: str, module: str | None, segments: tuple[Segment, ...]) -> None:
         self.text = text
         #: Set when the path says where the module ends (``mod.sub:Attr``).
         self.module = module
         self.segments = segments
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TargetPath):
-            return NotImplemented
-        return (self.text, self.module, self.segments) == (
-            other.text,
-            other.module,
-            other.segments,
-        )
-
-    def __hash__(self) -> int:
-        return hash(self.text)
 
     def __repr__(self) -> str:
         return f"TargetPath({self.text!r})"
@@ -187,40 +165,24 @@ def _after_segment(text: str, pos: int, whole: str) -> int:
 # ----------------------------------------------------------------------------- resolution
 
 
-class Waiting:
+class Waiting(Value):
     """The target lives in (or below) a module that is not imported yet."""
 
     __slots__ = ("module",)
+    _fields = ("module",)
 
     def __init__(self, module: str) -> None:
         self.module = module
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Waiting) and other.module == self.module
 
-    def __hash__(self) -> int:
-        return hash(self.module)
-
-    def __repr__(self) -> str:
-        return f"Waiting({self.module!r})"
-
-
-class Missing:
+class Missing(Value):
     """The target cannot exist here: its module is loaded and the name is absent."""
 
     __slots__ = ("reason",)
+    _fields = ("reason",)
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Missing) and other.reason == self.reason
-
-    def __hash__(self) -> int:
-        return hash(self.reason)
-
-    def __repr__(self) -> str:
-        return f"Missing({self.reason!r})"
 
 
 class Slot:
