@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ __all__ = [
     "PatchLike",
     "is_import_rule",
     "normalize_requires",
+    "shared_signature",
+    "signature_of",
 ]
 
 
@@ -142,8 +145,6 @@ class AtomicPatch:
     def call_precheck(self, original: Any) -> object:
         """Call the precheck with the keyword arguments it declares."""
         assert self.precheck is not None
-        from ._wrappers import shared_signature
-
         signature = shared_signature(self.precheck)
         if signature is None:
             return self.precheck()
@@ -281,3 +282,33 @@ def is_import_rule(obj: object) -> bool:
     """
     rules = sys.modules.get("ascend_patch_core._rules")
     return rules is not None and isinstance(obj, rules.ImportRule)
+
+
+def signature_of(obj: Callable[..., Any]) -> inspect.Signature | None:
+    """``inspect.signature(obj)``, or None for a callable without one (some builtins)."""
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+
+
+#: Signatures of prechecks and runtime checks, which plugins share between many
+#: patches (one ``always`` check and one precheck serve ~150 redirect patches). Keyed
+#: by identity, not equality (a callable's ``__eq__`` is its own business); forgotten
+#: when the callable is collected.
+_shared_signatures: dict[int, tuple[weakref.ref[Any], inspect.Signature | None]] = {}
+
+
+def shared_signature(func: Callable[..., object]) -> inspect.Signature | None:
+    """``inspect.signature(func)`` (None if it has none), computed once per callable."""
+    key = id(func)
+    cached = _shared_signatures.get(key)
+    if cached is not None and cached[0]() is func:
+        return cached[1]
+    found = signature_of(func)
+    try:
+        ref = weakref.ref(func, lambda _dead: _shared_signatures.pop(key, None))
+    except TypeError:  # not weakly referenceable (a builtin): not cached
+        return found
+    _shared_signatures[key] = (ref, found)
+    return found

@@ -13,14 +13,15 @@ from __future__ import annotations
 import functools
 import inspect
 import keyword
-import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ._patch import shared_signature
+from ._patch import signature_of
 from ._report import CallCounters
 
 
-__all__ = ["make_runtime_check_wrapper", "shared_signature"]
+__all__ = ["make_runtime_check_wrapper"]
 
 _P = inspect.Parameter
 
@@ -67,35 +68,6 @@ def _generic_wrapper(
     return runtime_checked
 
 
-def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(obj)
-    except (TypeError, ValueError):
-        return None
-
-
-#: Signatures of runtime checks and prechecks, which plugins share between many
-#: patches (one ``always`` check and one precheck serve ~150 redirect patches). Keyed
-#: by identity, not equality (a callable's ``__eq__`` is its own business); forgotten
-#: when the callable is collected.
-_shared_signatures: dict[int, tuple[weakref.ref[Any], inspect.Signature | None]] = {}
-
-
-def shared_signature(func: Callable[..., object]) -> inspect.Signature | None:
-    """``inspect.signature(func)`` (None if it has none), computed once per callable."""
-    key = id(func)
-    cached = _shared_signatures.get(key)
-    if cached is not None and cached[0]() is func:
-        return cached[1]
-    found = _signature(func)
-    try:
-        ref = weakref.ref(func, lambda _dead: _shared_signatures.pop(key, None))
-    except TypeError:  # not weakly referenceable (a builtin): not cached
-        return found
-    _shared_signatures[key] = (ref, found)
-    return found
-
-
 def _same_parameters(a: inspect.Signature, b: inspect.Signature) -> bool:
     pa, pb = list(a.parameters.values()), list(b.parameters.values())
     if len(pa) != len(pb):
@@ -120,7 +92,7 @@ def _fixed_signature_wrapper(
     original: Callable[..., Any],
     counters: CallCounters,
 ) -> Callable[..., Any] | None:
-    sig_r, sig_o, sig_c = _signature(replacement), _signature(original), shared_signature(check)
+    sig_r, sig_o, sig_c = signature_of(replacement), signature_of(original), shared_signature(check)
     if sig_r is None or sig_o is None or sig_c is None or not _same_parameters(sig_r, sig_o):
         return None
     params = list(sig_r.parameters.values())

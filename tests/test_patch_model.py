@@ -297,7 +297,7 @@ def test_a_shared_runtime_check_serves_every_patch_and_is_not_kept_alive(
     import gc
     import weakref
 
-    from ascend_patch_core import _wrappers
+    from ascend_patch_core import _patch
 
     pkg = make_package({"core.py": "def f(x):\n    return 'f'\n\ndef g(x, y=1):\n    return 'g'\n"})
     core = _import(f"{pkg}.core")
@@ -312,12 +312,12 @@ def test_a_shared_runtime_check_serves_every_patch_and_is_not_kept_alive(
     ):
         assert (core.f(1), core.f(-1)) == ("new f", "f")
         assert (core.g(1, y=5), core.g(-1)) == (("new g", 5), "g")
-        assert id(positive) in _wrappers._shared_signatures
+        assert id(positive) in _patch._shared_signatures
     dead, key = weakref.ref(positive), id(positive)
     del positive, patcher
     gc.collect()
     assert dead() is None
-    assert key not in _wrappers._shared_signatures
+    assert key not in _patch._shared_signatures
 
 
 def test_runtime_check_replacement_exceptions_propagate(
