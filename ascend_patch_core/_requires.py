@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 from ._metadata import MetadataCache
 from ._metadata import normalize_name
@@ -64,6 +65,7 @@ def _distribution_name(text: str) -> str | None:
 
 def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
     match = re.match(_HEAD, text)
+    specifier: Any = None  # packaging's SpecifierSet; None: any installed version
     if not match or any(c in text for c in ";[@"):
         from packaging.requirements import InvalidRequirement
         from packaging.requirements import Requirement
@@ -75,30 +77,24 @@ def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
         name, specifier = req.name, req.specifier
         if req.marker is not None and not req.marker.evaluate():
             return True, f"{text!r} does not apply to this environment"
-    elif not match.group(2):
-        # A bare name ("torch-npu") needs no version logic: installed is enough. Under
-        # the emulator such answers are never cached, so this spares the ~10 ms
-        # packaging import on every run.
-        name = match.group(1)
-        emulated_version = _emulated_torch_npu() if normalize_name(name) == "torch-npu" else None
-        version = emulated_version or cache.version(name)
-        if version is None:
-            return False, f"{name} is not installed"
-        return True, f"{name} {version}" + (" (emulated)" if emulated_version else "")
     else:
-        from packaging.specifiers import InvalidSpecifier
-        from packaging.specifiers import SpecifierSet
-
         name = match.group(1)
-        try:
-            specifier = SpecifierSet(match.group(2))
-        except InvalidSpecifier as exc:
-            return False, f"invalid requirement {text!r}: {exc}"
+        # A bare name ("torch-npu") needs no version logic: installed is enough, and
+        # packaging (~10 ms to import) stays unimported. Under the emulator such
+        # answers are never cached, so this matters on every run.
+        if match.group(2):
+            from packaging.specifiers import InvalidSpecifier
+            from packaging.specifiers import SpecifierSet
+
+            try:
+                specifier = SpecifierSet(match.group(2))
+            except InvalidSpecifier as exc:
+                return False, f"invalid requirement {text!r}: {exc}"
     emulated = _emulated_torch_npu() if normalize_name(name) == "torch-npu" else None
     version = emulated or cache.version(name)
     if version is None:
         return False, f"{name} is not installed"
     # Pre-releases count: an installed mmcv 2.0.0rc4 is what the user runs.
-    if specifier.contains(version, prereleases=True):
+    if specifier is None or specifier.contains(version, prereleases=True):
         return True, f"{name} {version}" + (" (emulated)" if emulated else "")
     return False, f"{name} {version} is installed; the patch requires {name}{specifier}"
