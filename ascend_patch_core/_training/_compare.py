@@ -46,6 +46,11 @@ class Deviation(NamedTuple):
     def as_dict(self) -> dict[str, Any]:
         return dict(self._asdict())
 
+    @classmethod
+    def unmatched(cls, where: str, problem: str) -> Deviation:
+        """The two sides cannot be compared here at all (no tensor, no gradient on one side)."""
+        return cls(where, "-", float("inf"), float("inf"), 0.0, 0.0, True, problem)
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
@@ -101,14 +106,8 @@ def compare(
     right_tensors = [(p, t) for p, t in right if isinstance(t, torch.Tensor)]
     if [p for p, _ in left_tensors] != [p for p, _ in right_tensors]:
         return [
-            Deviation(
+            Deviation.unmatched(
                 where,
-                "-",
-                float("inf"),
-                float("inf"),
-                0.0,
-                0.0,
-                True,
                 "the results differ in structure: the replacement returns tensors at "
                 f"{_paths(left_tensors)}, the original at {_paths(right_tensors)}",
             )

@@ -217,15 +217,8 @@ def _compare_gradients(
         if g_r is None or g_o is None:
             missing = "the replacement" if g_r is None else "the original"
             deviations.append(
-                Deviation(
-                    where,
-                    "-",
-                    float("inf"),
-                    float("inf"),
-                    0.0,
-                    0.0,
-                    True,
-                    f"{missing} gives no gradient here and the other side does",
+                Deviation.unmatched(
+                    where, f"{missing} gives no gradient here and the other side does"
                 )
             )
             continue
