@@ -14,7 +14,11 @@ import nox
 ROOT = Path(__file__).resolve().parent
 PYTHON = "3.11"
 
-PLUGINS = [
+#: The distributions besides the core, each in its own directory: the kits (the
+#: training utilities, the NPU emulator) and the plugins.
+DISTRIBUTIONS = [
+    "kits/training",
+    "kits/emulator",
     "plugins/torch_npu_ops",
     "plugins/mmcv_npu",
     "plugins/transformers_npu",
@@ -32,7 +36,7 @@ TEST_ENV = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
 
 
 def install_project(session: nox.Session) -> None:
-    """Install the test requirements, then the core and every plugin in editable mode.
+    """Install the test requirements, then the core, the kits and every plugin in editable mode.
 
     The editable installs use ``--no-build-isolation``: with isolation pip builds a
     fresh setuptools environment for each of the four projects (measured 7.5 s vs
@@ -41,8 +45,8 @@ def install_project(session: nox.Session) -> None:
     """
     session.install("-r", "requirements/tests.txt")
     editables = ["-e", "."]
-    for plugin in PLUGINS:
-        editables += ["-e", plugin]
+    for directory in DISTRIBUTIONS:
+        editables += ["-e", directory]
     session.install("--no-build-isolation", *editables)
 
 

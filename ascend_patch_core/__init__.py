@@ -35,10 +35,12 @@ from ._patch import LegacyPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patcher import Patcher
+from ._report import InstalledPatch
 from ._report import Provenance
 from ._report import Record
 from ._report import Report
 from ._report import Status
+from ._requires import override_version
 
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ __all__ = [
     "ImportRule",
     "ImportRuleError",
     "InjectImport",
+    "InstalledPatch",
     "LegacyPatch",
     "ModuleHook",
     "Patch",
@@ -90,6 +93,7 @@ __all__ = [
     "default_patcher",
     "hookimpl",
     "is_stub",
+    "override_version",
     "revert",
     "with_imports",
 ]
@@ -104,17 +108,22 @@ def apply(
     plugins: str | Iterable[str] | None = None,
     autoload: bool | None = None,
     strict: bool | None = None,
+    enable: str | Iterable[str] | None = None,
 ) -> Report:
     """Apply :data:`default_patcher`: every installed plugin, plus what was added to it.
 
     The keyword arguments are the API form of the environment switches and add to
     them: ``disable`` (``ASCEND_PATCH_DISABLE``), ``plugins`` (``ASCEND_PATCH_PLUGINS``),
-    ``autoload`` (``ASCEND_PATCH_AUTOLOAD``), ``strict`` (``ASCEND_PATCH_STRICT``).
+    ``autoload`` (``ASCEND_PATCH_AUTOLOAD``), ``strict`` (``ASCEND_PATCH_STRICT``),
+    ``enable`` (``ASCEND_PATCH_ENABLE``: opt-in patch groups to turn on).
     Returns the live :class:`Report`. A second call returns the same report.
     """
     default_patcher.select_plugins(
         disable=disable, plugins=plugins, autoload=autoload, strict=strict
     )
+    if enable is not None:
+        names = enable.split(",") if isinstance(enable, str) else list(enable)
+        default_patcher.enable(*(n.strip() for n in names if n.strip()))
     return default_patcher.apply()
 
 

@@ -48,6 +48,8 @@ ENV_VAR = "ASCEND_PATCH_RUN"
 PTH_NAME = "ascend_patch_core_start.pth"
 #: Schema of the file ``ascend-patch run --report PATH`` writes (docs/cli.md).
 RUN_REPORT_SCHEMA = "ascend-patch-run/1"
+#: Where the NPU emulator (ascend-patch-emulator) publishes its ``activate``.
+EMULATOR_GROUP = "ascend_patch.emulator"
 
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
@@ -219,14 +221,23 @@ def start(options: RunOptions, *, role: str) -> Any:
 
 
 def _activate_emulator(version: str | None) -> None:
-    from . import emulator
+    from ._metadata import metadata
 
-    activate = getattr(emulator, "activate", None)
-    if activate is None:
+    # The emulator is its own distribution, found through its entry point: the engine
+    # never imports it (docs/core.md, "Dev kits").
+    info = next((i for i in metadata.entry_points(EMULATOR_GROUP) if i.name == "torch_npu"), None)
+    if info is None:
         raise StartError(
-            "--emulate-npu needs the NPU emulator's activate() (ascend_patch_core.emulator.activate), "
-            "which this version of ascend-patch-core does not ship yet; run without --emulate-npu"
+            "--emulate-npu needs the NPU emulator, which is not installed: "
+            "pip install 'ascend-patch-core[emulator]' (the distribution ascend-patch-emulator)"
         )
+    try:
+        activate = info.load()
+    except Exception as exc:
+        raise StartError(
+            f"--emulate-npu: the emulator ({info.value} from {info.distribution} {info.version}) "
+            f"cannot be loaded: {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         activate(version=version)
     except Exception as exc:  # an unknown version, torch_npu already imported, ...

@@ -35,18 +35,30 @@ __all__ = ["SCHEMA", "diagnose", "exit_status", "render"]
 SCHEMA = "ascend-patch-doctor/1"
 
 
-def _core_info() -> dict[str, Any]:
+def _core_info(meta: MetadataCache) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version
 
     import ascend_patch_core
+
+    from ._bootstrap import EMULATOR_GROUP
 
     try:
         core_version: str | None = version("ascend-patch-core")
     except PackageNotFoundError:
         core_version = None
     package_dir = os.path.dirname(os.path.abspath(ascend_patch_core.__file__ or "."))
-    return {"version": core_version, "path": package_dir, "start_hook": _start_hook(package_dir)}
+    return {
+        "version": core_version,
+        "path": package_dir,
+        "start_hook": _start_hook(package_dir),
+        # The kits are separate distributions: say which are here.
+        "emulator": meta.version("ascend-patch-emulator"),
+        "training": meta.version("ascend-patch-training"),
+        "emulator_entry_point": any(
+            i.name == "torch_npu" for i in meta.entry_points(EMULATOR_GROUP)
+        ),
+    }
 
 
 def _site_dirs() -> list[str]:
@@ -276,12 +288,11 @@ def _stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding
                 )
             )
     else:
-        from . import emulator
-
         hint = (
             "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
-            if hasattr(emulator, "activate")
-            else ""
+            if core["emulator_entry_point"]
+            else "; to run NPU code paths on the CPU, pip install 'ascend-patch-core[emulator]'"
+            " and use ascend-patch run --emulate-npu"
         )
         out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
     if devices["error"]:
@@ -303,7 +314,7 @@ def diagnose(
     disable = list(disable)
     meta = MetadataCache(persistent=False)
     inventory = collect(disable=disable, plugins=plugins, meta=meta)
-    core = _core_info()
+    core = _core_info(meta)
     torch = _environment.torch_info(meta)
     facts: dict[str, Any] = {
         "python": _environment.python_info(),

@@ -1,7 +1,10 @@
-"""The patcher's bookkeeping for one atomic patch, and helpers over those records.
+"""The engine's bookkeeping for one patch, hook or 1.0 patch: typed, one status vocabulary.
 
-Kept apart from the Patcher so its life cycle (planned -> pending -> installing ->
-applied -> reverted) reads in one place.
+An entry's state is its record's :class:`Status` (what the report shows), plus one
+flag, ``claimed``: the thread installing it owns it from then on. So "pending and
+not claimed" is open (planned, or waiting for an import or a dependency); "pending
+and claimed" is being installed; applied, skipped, failed and reverted are what
+they say.
 """
 
 from __future__ import annotations
@@ -13,23 +16,16 @@ from typing import Any
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
-from ._report import CallCounters
 from ._report import Provenance
 from ._report import Record
+from ._report import Status
 from ._target import Slot
 from ._target import TargetPath
 from ._target import inner_callable
 
 
 __all__ = [
-    "APPLIED",
-    "FAILED",
-    "FINAL_NOT_APPLIED",
-    "INSTALLING",
-    "PENDING",
-    "PLANNED",
-    "REVERTED",
-    "SKIPPED",
+    "NOT_APPLIED",
     "Entry",
     "HookState",
     "LegacyState",
@@ -43,17 +39,8 @@ __all__ = [
     "who",
 ]
 
-# Entry states (strings keep reprs and debugging readable).
-PLANNED, PENDING, INSTALLING, APPLIED, SKIPPED, FAILED, REVERTED = (
-    "planned",
-    "pending",
-    "installing",
-    "applied",
-    "skipped",
-    "failed",
-    "reverted",
-)
-FINAL_NOT_APPLIED = (SKIPPED, FAILED, REVERTED)
+#: Final states of an entry that never (or no longer) holds an installation.
+NOT_APPLIED = frozenset((Status.SKIPPED, Status.FAILED, Status.REVERTED))
 
 
 class Skip(Exception):
@@ -61,62 +48,164 @@ class Skip(Exception):
 
 
 class Site:
-    """One installed slot: the primary target or an alias."""
+    """One slot an entry installs into: the primary target or an alias."""
 
-    __slots__ = ("installed", "installed_inner", "modules_before", "path", "rebinds", "slot")
+    __slots__ = (
+        "history",
+        "installed",
+        "installed_inner",
+        "modules_before",
+        "path",
+        "rebinds",
+        "slot",
+    )
 
     def __init__(self, path: TargetPath) -> None:
         self.path = path
         self.slot: Slot | None = None
+        #: What the slot holds now (raw: a staticmethod object for a staticmethod target).
         self.installed: Any = None
+        #: The callable inside ``installed``.
         self.installed_inner: Any = None
         #: ids of the modules loaded when ``installed_inner`` was installed: they may
         #: hold that object for their own reasons and are not given the original back.
         self.modules_before: frozenset[int] = frozenset()
+        #: Every (inner object, modules loaded then) this site ever installed: a
+        #: with_imports trampoline is later swapped for its function, and a module
+        #: that imported the trampoline in between must get the original back too.
+        self.history: list[tuple[Any, frozenset[int]]] = []
         #: (module, global name, original) rebound to the replacement.
         self.rebinds: list[tuple[types.ModuleType, str, Any]] = []
 
+    def installed_now(
+        self, slot: Slot, raw: Any, inner: Any, modules_before: frozenset[int]
+    ) -> None:
+        self.slot, self.installed, self.installed_inner = slot, raw, inner
+        self.modules_before = modules_before
+        self.history.append((inner, modules_before))
+
+    def clear(self) -> None:
+        self.slot = None
+        self.installed = self.installed_inner = None
+        self.history.clear()
+
 
 class Entry:
-    """The patcher's state for one AtomicPatch."""
+    """The engine's state for one AtomicPatch."""
+
+    __slots__ = (
+        "after",
+        "alias_sites",
+        "claimed",
+        "counters_owner",
+        "dependents",
+        "deps",
+        "group",
+        "immediate",
+        "names",
+        "new_inner",
+        "original",
+        "patch",
+        "primary",
+        "provenance",
+        "record",
+        "replacement",
+        "requires",
+        "verdicts",
+        "watching",
+    )
 
     def __init__(
-        self, patch: AtomicPatch, record: Record, group: str | None, provenance: Provenance
+        self,
+        patch: AtomicPatch,
+        record: Record,
+        group: str | None,
+        provenance: Provenance,
+        *,
+        requires: tuple[str, ...] = (),
+        after: tuple[str, ...] = (),
     ) -> None:
         self.patch = patch
         self.record = record
         self.group = group
         self.provenance = provenance
-        self.state = PLANNED
+        #: The patch's own requirements, then its group's.
+        self.requires = (*patch.requires, *requires)
+        #: The patch's own ``after`` names, then its group's.
+        self.after = (*patch.after, *after)
+        #: Every requirement checked, with its answer: (text, satisfied, explanation).
+        self.verdicts: list[tuple[str, bool, str]] = []
+        names = {patch.name, patch.target}
+        if group:
+            names.add(group)
+        self.names = frozenset(names)
+        #: Owned by the thread installing it (from the claim until the end of its life).
+        self.claimed = False
         self.deps: list[Entry] = []
         self.dependents: list[Entry] = []
         self.watching: dict[str, Any] = {}
         self.primary = Site(patch.path)
         self.alias_sites = [Site(p) for p in patch.alias_paths]
         self.original: Any = None
+        #: The replacement as resolved and wrapped, before any runtime_check wrapper.
+        self.replacement: Any = None
+        #: What sits in the primary slot (inside a descriptor): the replacement, or its
+        #: runtime_check wrapper.
         self.new_inner: Any = None
-        self.counters: CallCounters | None = None
         #: Installed while apply() ran (module imported earlier): stale references possible.
         self.immediate = False
+        self.counters_owner = False
 
-    def names(self) -> set[str]:
-        names = {self.patch.name, self.patch.target}
-        if self.group:
-            names.add(self.group)
-        return names
+    @property
+    def status(self) -> Status:
+        return self.record.status
+
+    @property
+    def open(self) -> bool:
+        """Planned or waiting, and no thread has claimed it yet."""
+        return self.record.status is Status.PENDING and not self.claimed
+
+    def __repr__(self) -> str:
+        return f"<Entry {self.patch.name!r} {self.record.status.value}{' claimed' if self.claimed else ''}>"
 
 
 class HookState:
-    def __init__(self, hook: ModuleHook, record: Record, provenance: Provenance) -> None:
+    """The engine's state for one ModuleHook."""
+
+    __slots__ = (
+        "group",
+        "handle",
+        "hook",
+        "modules",
+        "provenance",
+        "record",
+        "requires",
+        "visited",
+    )
+
+    def __init__(
+        self,
+        hook: ModuleHook,
+        record: Record,
+        provenance: Provenance,
+        group: str | None = None,
+        requires: tuple[str, ...] = (),
+    ) -> None:
         self.hook = hook
         self.record = record
         self.provenance = provenance
+        self.group = group
+        self.requires = (*hook.requires, *requires)
         self.handle: Any = None
         self.visited: set[int] = set()
         self.modules = 0
 
 
 class LegacyState:
+    """The engine's state for one 1.0 function patch."""
+
+    __slots__ = ("done", "handle", "patch", "provenance", "record")
+
     def __init__(self, patch: LegacyPatch, record: Record, provenance: Provenance) -> None:
         self.patch = patch
         self.record = record
@@ -156,12 +245,12 @@ def norm_target(path: str) -> str:
 
 
 def who(entry: Entry) -> str:
-    label = repr(entry.patch.name)
+    text = repr(entry.patch.name)
     if entry.group and entry.group != entry.patch.name:
-        label = f"{entry.group}/{label}"
+        text = f"{entry.group}/{text}"
     if entry.provenance.plugin:
-        label += f" from plugin {entry.provenance.plugin!r}"
-    return label
+        text += f" from plugin {entry.provenance.plugin!r}"
+    return text
 
 
 def label(item: object) -> str:
@@ -184,6 +273,8 @@ def in_cycle(start: Entry) -> bool:
 
 def dependency_order(entries: list[Entry]) -> list[Entry]:
     """Stable topological order: declaration order, except that dependencies come first."""
+    if not any(entry.deps for entry in entries):
+        return entries
     ordered: list[Entry] = []
     placed: set[int] = set()
     members = {id(e) for e in entries}

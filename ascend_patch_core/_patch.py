@@ -248,7 +248,9 @@ class Patch(metaclass=_PatchMeta):
     Class attributes: ``name`` (defaults to the class name), ``conflicts_with`` (names
     of groups that must not be enabled together with this one), ``requires``
     (constraints applied to every patch of the group), ``after`` (groups or patches
-    to apply first), ``legacy_name`` (the 1.0 function name).
+    to apply first), ``legacy_name`` (the 1.0 function name), ``opt_in`` (a plugin's
+    group that applies only when enabled by name: ``ASCEND_PATCH_ENABLE``,
+    ``apply(enable=...)`` or ``Patcher.enable()``; a group the user adds is always on).
     """
 
     __module__ = "ascend_patch_core"
@@ -258,11 +260,17 @@ class Patch(metaclass=_PatchMeta):
     requires: ClassVar[str | Sequence[str] | None] = None
     after: ClassVar[Sequence[str]] = ()
     legacy_name: ClassVar[str | None] = None
+    opt_in: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             cls.name = cls.__name__
+
+    @classmethod
+    def normalized_requires(cls) -> tuple[str, ...]:
+        """``requires`` as a tuple of requirement strings (raises PatchDefinitionError if invalid)."""
+        return normalize_requires(cls.requires, f"{cls.__qualname__}.requires")
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterable[AtomicPatch | ModuleHook]:

@@ -66,11 +66,12 @@ class PluginSelection(Value):
     * ``strict`` -- ``ASCEND_PATCH_STRICT=1``: any failure raises.
     * ``extra`` -- plugin objects registered directly (tests, embedding applications):
       ``(name, object)`` pairs.
+    * ``enable`` -- ``ASCEND_PATCH_ENABLE``: opt-in patch groups to turn on (``*`` = all).
 
     """
 
-    __slots__ = ("allow", "autoload", "disable", "extra", "strict")
-    _fields = ("disable", "allow", "autoload", "strict", "extra")
+    __slots__ = ("allow", "autoload", "disable", "enable", "extra", "strict")
+    _fields = ("disable", "allow", "autoload", "strict", "extra", "enable")
 
     def __init__(
         self,
@@ -79,17 +80,20 @@ class PluginSelection(Value):
         autoload: bool = True,
         strict: bool = False,
         extra: tuple[tuple[str, object], ...] = (),
+        enable: frozenset[str] = frozenset(),
     ) -> None:
         self.disable = disable
         self.allow = allow
         self.autoload = autoload
         self.strict = strict
         self.extra = extra
+        self.enable = enable
 
     def __repr__(self) -> str:
         return (
             f"PluginSelection(disable={sorted(self.disable)}, allow={self.allow and sorted(self.allow)},"
-            f" autoload={self.autoload}, strict={self.strict}, extra={len(self.extra)})"
+            f" autoload={self.autoload}, strict={self.strict}, extra={len(self.extra)},"
+            f" enable={sorted(self.enable)})"
         )
 
     @classmethod
@@ -102,6 +106,7 @@ class PluginSelection(Value):
         strict: bool | None = None,
         extra: Sequence[tuple[str, object]] = (),
         environ: os._Environ[str] | dict[str, str] | None = None,
+        enable: str | Iterable[str] | None = None,
     ) -> PluginSelection:
         env = os.environ if environ is None else environ
         env_disable = _split_names(env.get("ASCEND_PATCH_DISABLE"))
@@ -123,6 +128,7 @@ class PluginSelection(Value):
             autoload=autoload,
             strict=strict,
             extra=tuple(extra),
+            enable=_split_names(env.get("ASCEND_PATCH_ENABLE")) | _split_names(enable),
         )
 
 

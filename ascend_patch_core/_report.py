@@ -5,13 +5,14 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
+from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
 from ._value import Value
 
 
-__all__ = ["CallCounters", "Provenance", "Record", "Report", "Status"]
+__all__ = ["CallCounters", "InstalledPatch", "Provenance", "Record", "Report", "Status"]
 
 
 class Status(str, enum.Enum):
@@ -188,6 +189,25 @@ class Record:
         return data
 
 
+class InstalledPatch:
+    """One installed patch, as ``Patcher.installed()`` shows it to tools.
+
+    ``replacement`` is the callable whose code runs in place of ``original`` (a
+    runtime_check wrapper and a with_imports trampoline are looked through).
+    """
+
+    __module__ = "ascend_patch_core"
+    __slots__ = ("original", "record", "replacement")
+
+    def __init__(self, record: Record, original: Any, replacement: Any) -> None:
+        self.record = record
+        self.original = original
+        self.replacement = replacement
+
+    def __repr__(self) -> str:
+        return f"<InstalledPatch {self.record.name!r}>"
+
+
 class Report:
     """A view of a patcher's records. Live: pending patches turn applied as imports happen.
 
@@ -197,18 +217,30 @@ class Report:
 
     __module__ = "ascend_patch_core"
 
-    def __init__(self, records: list[Record], warnings: list[str], lock: threading.RLock) -> None:
+    def __init__(
+        self,
+        records: list[Record],
+        warnings: list[str],
+        lock: threading.RLock,
+        before_read: Callable[[], None] | None = None,
+    ) -> None:
         self._records = records
         self._warnings = warnings
         self._lock = lock
+        #: Work the patcher defers until someone reads the report (the stale-reference scan).
+        self._before_read = before_read
 
     @property
     def records(self) -> list[Record]:
+        if self._before_read is not None:
+            self._before_read()
         with self._lock:
             return list(self._records)
 
     @property
     def warnings(self) -> list[str]:
+        if self._before_read is not None:
+            self._before_read()
         with self._lock:
             return list(self._warnings)
 

@@ -10,37 +10,60 @@ costs ~12 ms to import).
 from __future__ import annotations
 
 import re
-import sys
+from collections.abc import Callable
 from typing import Any
 
 from ._metadata import MetadataCache
 from ._metadata import normalize_name
 
 
-__all__ = ["check_requirement"]
+__all__ = ["check_requirement", "overridden_versions", "override_version"]
 
 _HEAD = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*$"
 
 
-def _emulated_torch_npu() -> str | None:
-    """The torch_npu version the NPU emulator stands in for, while it is active."""
-    emulator = sys.modules.get("ascend_patch_core.emulator")
-    if emulator is None or not emulator.is_active():
-        return None
-    version: str | None = emulator.active_version()
-    return version
+#: Versions announced by extensions, by normalized distribution name: what such a
+#: distribution counts as (a version, or None for "not installed"), and a note for the
+#: explanation. The NPU emulator announces the torch_npu it stands in for here.
+_overrides: dict[str, tuple[str | None, str]] = {}
+
+
+def override_version(distribution: str, version: str | None, note: str = "") -> Callable[[], None]:
+    """Make requirements see ``distribution`` at ``version`` (None: not installed) until undone.
+
+    For extensions that stand in for a distribution, like the NPU emulator for
+    ``torch-npu``. Answers about an overridden distribution are never written to the
+    on-disk cache (the override ends with the process, or with the returned undo
+    function, which restores whatever was announced before).
+    """
+    key = normalize_name(distribution)
+    previous = _overrides.get(key)
+    _overrides[key] = (version, note)
+
+    def undo() -> None:
+        if previous is None:
+            _overrides.pop(key, None)
+        else:
+            _overrides[key] = previous
+
+    return undo
+
+
+def overridden_versions() -> dict[str, tuple[str | None, str]]:
+    """The overrides in force: ``{distribution: (version, note)}``."""
+    return dict(_overrides)
 
 
 def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
     """Return (satisfied, explanation) for one requirement string with alternatives.
 
-    Under the NPU emulator, ``torch-npu`` has the emulated version (never cached:
-    the emulation ends with the process or with ``deactivate()``).
+    A distribution with an :func:`override_version` has the announced version; such
+    answers are not cached.
     """
-    emulated = _emulated_torch_npu() is not None and any(
-        _distribution_name(alternative) == "torch-npu" for alternative in text.split("|")
+    overridden = bool(_overrides) and any(
+        _distribution_name(alternative) in _overrides for alternative in text.split("|")
     )
-    cached = None if emulated else cache.cached_requirement(text)
+    cached = None if overridden else cache.cached_requirement(text)
     if cached is not None:
         return cached
     explanations: list[str] = []
@@ -53,7 +76,7 @@ def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:
         explanations.append(why)
     if result is None:
         result = (False, "; ".join(explanations))
-    if not emulated:
+    if not overridden:
         cache.store_requirement(text, result)
     return result
 
@@ -80,8 +103,9 @@ def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
     else:
         name = match.group(1)
         # A bare name ("torch-npu") needs no version logic: installed is enough, and
-        # packaging (~10 ms to import) stays unimported. Under the emulator such
-        # answers are never cached, so this matters on every run.
+        # packaging (~10 ms to import) stays unimported. Answers about an overridden
+        # distribution (torch-npu under the emulator) are never cached, so this
+        # matters on every run.
         if match.group(2):
             from packaging.specifiers import InvalidSpecifier
             from packaging.specifiers import SpecifierSet
@@ -90,11 +114,12 @@ def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
                 specifier = SpecifierSet(match.group(2))
             except InvalidSpecifier as exc:
                 return False, f"invalid requirement {text!r}: {exc}"
-    emulated = _emulated_torch_npu() if normalize_name(name) == "torch-npu" else None
-    version = emulated or cache.version(name)
+    override = _overrides.get(normalize_name(name)) if _overrides else None
+    version = cache.version(name) if override is None else override[0]
+    note = f" ({override[1]})" if override is not None and override[1] else ""
     if version is None:
-        return False, f"{name} is not installed"
+        return False, f"{name} is not installed{note}"
     # Pre-releases count: an installed mmcv 2.0.0rc4 is what the user runs.
     if specifier is None or specifier.contains(version, prereleases=True):
-        return True, f"{name} {version}" + (" (emulated)" if emulated else "")
+        return True, f"{name} {version}{note}"
     return False, f"{name} {version} is installed; the patch requires {name}{specifier}"

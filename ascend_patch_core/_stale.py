@@ -12,9 +12,17 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ._entries import own_modules
+from ._report import Status
 
 
-__all__ = ["find_holders", "loaded_modules", "module_ids"]
+if TYPE_CHECKING:
+    from ._entries import Entry
+
+
+__all__ = ["find_holders", "loaded_modules", "module_ids", "report_stale"]
 
 
 def loaded_modules() -> dict[str, types.ModuleType]:
@@ -81,15 +89,20 @@ def find_holders(
     originals: dict[int, object],
     exclude_modules: set[int],
     exclude_prefixes: Iterable[str],
+    *,
+    modules: dict[str, types.ModuleType] | None = None,
 ) -> dict[int, list[tuple[types.ModuleType, str]]]:
-    """Map ``id(original)`` to the (module, global name) pairs still holding it."""
+    """Map ``id(original)`` to the (module, global name) pairs still holding it.
+
+    ``modules`` limits the search (default: every loaded module).
+    """
     plain = set(exclude_prefixes)
     dotted = tuple(p + "." for p in plain)
     found: dict[int, list[tuple[types.ModuleType, str]]] = {}
     if not originals:
         return found
     wanted = originals.keys()
-    for module_name, module in loaded_modules().items():
+    for module_name, module in (loaded_modules() if modules is None else modules).items():
         if module is None or id(module) in exclude_modules:
             continue
         if module_name == "builtins":
@@ -112,3 +125,50 @@ def find_holders(
             if key in originals and originals[key] is value:
                 found.setdefault(key, []).append((module, name))
     return found
+
+
+def report_stale(entries: list[Entry], rebind_stale: bool) -> None:
+    """Record (or, where asked, rebind) the modules still holding each entry's original.
+
+    ``entries`` were installed on modules imported before apply(). One pass over
+    ``sys.modules`` serves them all. Modules that hold an original deliberately
+    (see :func:`own_modules`) and the patched slots themselves are never counted.
+    """
+    candidates = [
+        e
+        for e in entries
+        if e.status is Status.APPLIED
+        and e.primary.slot is not None
+        and e.primary.slot.kind == "module"
+        and e.original is not None
+        and not isinstance(e.original, (types.ModuleType, int, float, str, bool))
+    ]
+    if not candidates:
+        return
+    originals = {id(e.original): e.original for e in candidates}
+    exclude = {
+        id(s.slot.owner)
+        for e in candidates
+        for s in (e.primary, *e.alias_sites)
+        if s.slot is not None
+    }
+    holders = find_holders(originals, exclude, own_modules(candidates))
+    for entry in candidates:
+        found = holders.get(id(entry.original), [])
+        if not found:
+            continue
+        record = entry.record
+        rebind = entry.patch.rebind if entry.patch.rebind is not None else rebind_stale
+        for module, name in found:
+            label = f"{module.__name__}.{name}"
+            if rebind:
+                setattr(module, name, entry.new_inner)
+                entry.primary.rebinds.append((module, name, entry.original))
+                record.rebound_holders.append(label)
+            else:
+                record.stale_holders.append(label)
+        if record.stale_holders:
+            record.warnings.append(
+                f"{len(record.stale_holders)} module(s) imported the original before apply(); "
+                "call apply() earlier, or pass rebind_stale=True"
+            )

@@ -94,8 +94,8 @@ def startup(rounds: int) -> dict[str, float | int | str]:
     npu_apply = textwrap.dedent(
         """
         import gc, time, torch
-        import ascend_patch_core.emulator
-        ascend_patch_core.emulator.activate()
+        import ascend_patch_emulator
+        ascend_patch_emulator.activate()
         import ascend_patch_core
         gc.collect()
         t = time.perf_counter()

@@ -625,7 +625,7 @@ def test_every_torchrun_rank_is_patched(tmp_path: Path, site: Path, launcher: li
 
 
 def _emulator_available() -> bool:
-    from ascend_patch_core import emulator
+    import ascend_patch_emulator as emulator
 
     return hasattr(emulator, "activate")
 

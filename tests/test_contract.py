@@ -8,23 +8,22 @@ import textwrap
 import threading
 from pathlib import Path
 
+import ascend_patch_emulator as emulator
 import pytest
+from ascend_patch_emulator import CallRecorder
+from ascend_patch_emulator import OpCall
+from ascend_patch_emulator import available_versions
+from ascend_patch_emulator import check_calls
+from ascend_patch_emulator import check_plugin
+from ascend_patch_emulator import check_plugins
+from ascend_patch_emulator import format_mismatches
+from ascend_patch_emulator import load_schemas
+from ascend_patch_emulator import record_call
+from ascend_patch_emulator import scan_sources
+from ascend_patch_emulator import supported_versions
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-
-import ascend_patch_core.emulator as emulator
-from ascend_patch_core.emulator import CallRecorder
-from ascend_patch_core.emulator import OpCall
-from ascend_patch_core.emulator import available_versions
-from ascend_patch_core.emulator import check_calls
-from ascend_patch_core.emulator import check_plugin
-from ascend_patch_core.emulator import check_plugins
-from ascend_patch_core.emulator import format_mismatches
-from ascend_patch_core.emulator import load_schemas
-from ascend_patch_core.emulator import record_call
-from ascend_patch_core.emulator import scan_sources
-from ascend_patch_core.emulator import supported_versions
 
 
 ALL = available_versions()
@@ -367,7 +366,7 @@ def test_recorded_calls_are_attributed_to_the_plugin_file_and_checked(tmp_path):
         tmp_path,
         {
             "runtime.py": """\
-            from ascend_patch_core.emulator import record_call
+            from ascend_patch_emulator import record_call
 
 
             def forward(x, g):

@@ -15,18 +15,17 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from ascend_patch_emulator import DEFAULT_VERSION
+from ascend_patch_emulator import Argument
+from ascend_patch_emulator import available_versions
+from ascend_patch_emulator import load_schemas
+from ascend_patch_emulator import parse_arguments
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ascend_patch_core.emulator import DEFAULT_VERSION
-from ascend_patch_core.emulator import Argument
-from ascend_patch_core.emulator import available_versions
-from ascend_patch_core.emulator import load_schemas
-from ascend_patch_core.emulator import parse_arguments
-
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "ascend_patch_core" / "emulator" / "data"
+DATA = ROOT / "kits" / "emulator" / "ascend_patch_emulator" / "data"
 REQUIRED = ["2.1.0.post17", "2.6.0.post5", "2.9.0.post9", "2.12.0.post3", "2.13.0", "2.14.0"]
 
 

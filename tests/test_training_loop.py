@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from ascend_patch_training._profiler import ProfilingOptions
+from ascend_patch_training._profiler import _build_profiler
 
 from ascend_patch_core import Patcher
 from ascend_patch_core import Status
-from ascend_patch_core._training._profiler import ProfilingOptions
-from ascend_patch_core._training._profiler import _build_profiler
 
 
 def traced_steps(directory: Path) -> list[list[int]]:

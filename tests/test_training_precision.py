@@ -416,7 +416,7 @@ def test_patches_applied_at_import_time_are_checked_from_their_first_call(
 
 def test_without_mindstudio_probe_msprobe_says_how_to_get_it(pkg: str, patcher: Patcher) -> None:
     """msprobe=True without mindstudio-probe installed: a skipped record naming the right package."""
-    from ascend_patch_core._training._msprobe import msprobe_missing
+    from ascend_patch_training._msprobe import msprobe_missing
 
     if msprobe_missing() is None:
         pytest.skip("mindstudio-probe is installed here")
@@ -451,7 +451,7 @@ def test_msprobe_precision_debugger_runs_around_each_training_step(
     module.PrecisionDebugger = PrecisionDebugger  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "msprobe", package)
     monkeypatch.setitem(sys.modules, "msprobe.pytorch", module)
-    monkeypatch.setattr("ascend_patch_core._training._session.msprobe_missing", lambda: None)
+    monkeypatch.setattr("ascend_patch_training._session.msprobe_missing", lambda: None)
     report = patcher.with_precision_check(patches=(), msprobe={"dump_path": "d"}).apply()
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from ascend_patch_training._steps import StepCounter
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-
-from ascend_patch_core._training._steps import StepCounter
 
 
 class FakeOptimizer:

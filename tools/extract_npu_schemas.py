@@ -7,8 +7,8 @@ For each version this downloads the x86_64 Linux CPython 3.11 wheel with
 ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`` straight out of the
 zip, parses the schema of every entry of its ``custom``, ``autograd`` and
 ``symint`` sections with ``torchgen.model.FunctionSchema`` (shipped inside the
-torch wheel) and writes ``ascend_patch_core/emulator/data/torch_npu-<version>.json``
-in the format documented in ``ascend_patch_core/emulator/_schemas.py``.
+torch wheel) and writes ``kits/emulator/ascend_patch_emulator/data/torch_npu-<version>.json``
+in the format documented in ``kits/emulator/ascend_patch_emulator/_schemas.py``.
 
 Run it with an interpreter that has torch and PyYAML (the tests environment)::
 
@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = ROOT / "ascend_patch_core" / "emulator" / "data"
+DATA_DIR = ROOT / "kits" / "emulator" / "ascend_patch_emulator" / "data"
 
 #: The versions with committed data. Add one here and run the script to support it.
 VERSIONS = ("2.1.0.post17", "2.6.0.post5", "2.9.0.post9", "2.12.0.post3", "2.13.0", "2.14.0")

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from ascend_patch_core.emulator import EmulatorHandle
-from ascend_patch_core.emulator import activate
-from ascend_patch_core.emulator import is_active
+from ascend_patch_emulator import EmulatorHandle
+from ascend_patch_emulator import activate
+from ascend_patch_emulator import is_active
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +24,7 @@ def emulated(emulated_torch_npu_version: str) -> Iterator[EmulatorHandle]:
 def assert_close():
     """``assert_close(actual, expected)``: ``expected`` is a float64 reference; tolerance by ``actual``'s dtype."""
     import torch
-
-    from ascend_patch_core.pytest_plugin import tolerance_for
+    from ascend_patch_emulator.pytest_plugin import tolerance_for
 
     def check(actual, expected, *, dtype=None, rtol=None, atol=None):
         chosen_rtol, chosen_atol = tolerance_for(dtype or actual.dtype)

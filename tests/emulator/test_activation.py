@@ -10,20 +10,20 @@ import sys
 import threading
 import warnings
 
+import ascend_patch_emulator as emulator
 import pytest
 import torch
+from ascend_patch_emulator import EmulatorInactiveError
+from ascend_patch_emulator import EmulatorVersionError
+from ascend_patch_emulator import KernelNotImplementedError
 
-import ascend_patch_core.emulator as emulator
 from ascend_patch_core import Patcher
 from ascend_patch_core._hub import hub
-from ascend_patch_core.emulator import EmulatorInactiveError
-from ascend_patch_core.emulator import EmulatorVersionError
-from ascend_patch_core.emulator import KernelNotImplementedError
 
 
 def test_importing_the_emulator_and_the_pytest_plugin_imports_no_torch():
     code = (
-        "import sys, ascend_patch_core.emulator, ascend_patch_core.pytest_plugin;"
+        "import sys, ascend_patch_emulator, ascend_patch_emulator.pytest_plugin;"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -208,7 +208,7 @@ def test_activate_is_idempotent_and_one_version_per_process(npu_emulator):
 
 
 def test_default_version_falls_back_to_the_newest_with_a_warning(monkeypatch):
-    from ascend_patch_core.emulator import _activate
+    from ascend_patch_emulator import _activate
 
     monkeypatch.setattr(_activate, "available_versions", lambda: ["2.1.0.post17", "2.14.0"])
     monkeypatch.setattr(_activate, "DEFAULT_VERSION", "2.13.0")

@@ -86,7 +86,7 @@ def test_custom_fwd_on_the_npu_casts_under_autocast(npu_emulator):
 
 
 def test_autocast_queries_and_generator_are_restored_on_deactivate():
-    from ascend_patch_core.emulator import activate
+    from ascend_patch_emulator import activate
 
     originals = (torch.Generator, torch.is_autocast_enabled, torch.get_autocast_dtype)
     with activate():

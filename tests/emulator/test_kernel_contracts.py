@@ -9,8 +9,7 @@ import sys
 
 import pytest
 import torch
-
-from ascend_patch_core.emulator import available_versions
+from ascend_patch_emulator import available_versions
 
 
 def _t(*shape, dtype=torch.float32, seed=0):
@@ -101,8 +100,8 @@ def test_kernel_honours_the_schema(emulated, qualified):
 
 _PROBE = """
 import json, runpy, sys, torch
-from ascend_patch_core import emulator
-from ascend_patch_core.emulator import _library
+import ascend_patch_emulator as emulator
+from ascend_patch_emulator import _library
 handle = emulator.activate(sys.argv[1])
 samples = runpy.run_path(sys.argv[2])["SAMPLES"]
 failures = {}

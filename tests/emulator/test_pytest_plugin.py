@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from ascend_patch_core.emulator import is_active
-from ascend_patch_core.pytest_plugin import assert_parity
-from ascend_patch_core.pytest_plugin import tolerance_for
+from ascend_patch_emulator import is_active
+from ascend_patch_emulator.pytest_plugin import assert_parity
+from ascend_patch_emulator.pytest_plugin import tolerance_for
 
 
 pytest_plugins = ["pytester"]

@@ -7,13 +7,12 @@ import keyword
 
 import pytest
 import torch
+from ascend_patch_emulator import CallRecorder
+from ascend_patch_emulator import load_schemas
 from hypothesis import event
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-
-from ascend_patch_core.emulator import CallRecorder
-from ascend_patch_core.emulator import load_schemas
 
 
 def _value(type_: str):

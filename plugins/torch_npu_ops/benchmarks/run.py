@@ -24,9 +24,10 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
+    from ascend_patch_emulator import activate
+
     from ascend_patch_core import Patch
     from ascend_patch_core import Patcher
-    from ascend_patch_core.emulator import activate
 
     activate()
     import torch

@@ -37,8 +37,8 @@ def test_every_group_declares_valid_patches_without_side_effects():
 
 
 def test_torch_npu_calls_match_the_op_schemas_of_every_supported_version():
-    from ascend_patch_core.emulator import check_plugin
-    from ascend_patch_core.emulator import format_mismatches
+    from ascend_patch_emulator import check_plugin
+    from ascend_patch_emulator import format_mismatches
 
     root = Path(__file__).resolve().parents[1] / "ascend_patch_torch"
     result = check_plugin(root)

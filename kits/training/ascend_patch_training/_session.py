@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import NoReturn
 
-from .._hub import hub
-from .._hub import initializing
-from .._report import Record
-from .._report import Status
+from ascend_patch_core import Record
+from ascend_patch_core import Status
+from ascend_patch_core import imports
+
 from ._brake import Brake
 from ._brake import BrakeExit
 from ._loops import loop_patches
@@ -29,7 +29,8 @@ from ._steps import StepCounter
 
 
 if TYPE_CHECKING:
-    from .._patcher import Patcher
+    from ascend_patch_core import Patcher
+
     from ._precision import PrecisionCheck
     from ._precision import PrecisionOptions
 
@@ -125,7 +126,7 @@ class TrainingSession:
 
     def start(self) -> None:
         if self._counts_steps:
-            from .._patcher import Patcher
+            from ascend_patch_core import Patcher
 
             # Never strict: a loop library of another version must not break apply().
             self._internal = Patcher(strict=False).add(*loop_patches(self))
@@ -135,10 +136,10 @@ class TrainingSession:
             if self.brake is not None:
                 self.counter.on_before_optimizer_step(self.brake.before_optimizer_step)
             torch = sys.modules.get("torch")
-            if torch is not None and not initializing(torch):
+            if torch is not None and not imports.is_initializing(torch):
                 self._torch_ready()
             else:
-                self._torch_watch = hub.watch("torch", self._torch_imported)
+                self._torch_watch = imports.on_import("torch", self._torch_imported)
         if self.precision is not None:
             self.precision.start()
         atexit.register(self._at_exit)
@@ -151,7 +152,7 @@ class TrainingSession:
             self._closed = True
         atexit.unregister(self._at_exit)
         if self._torch_watch is not None:
-            hub.unwatch(self._torch_watch)
+            imports.cancel(self._torch_watch)
             self._torch_watch = None
         for handle in self._hook_handles:
             handle.remove()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._report import Record
-from .._report import Status
+from ascend_patch_core import Record
+from ascend_patch_core import Status
 
 
 __all__ = ["MsprobeControl", "msprobe_missing"]
@@ -23,9 +23,12 @@ _INSTALL = "pip install mindstudio-probe (the PyPI package named 'msprobe' is a 
 
 def msprobe_missing() -> str | None:
     """Why msprobe's PrecisionDebugger cannot be used here, or None. Imports nothing."""
-    from .._metadata import metadata
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version
 
-    if metadata.version("mindstudio-probe") is None:
+    try:
+        version("mindstudio-probe")
+    except PackageNotFoundError:
         return f"mindstudio-probe is not installed; {_INSTALL}"
     return None
 

@@ -39,7 +39,7 @@ __all__ = [
     "remove_finder",
 ]
 
-ORIGIN = "emulated by ascend_patch_core.emulator"
+ORIGIN = "emulated by ascend_patch_emulator"
 _ROOT = "torch_npu"
 
 _REFUSED = {
@@ -194,15 +194,14 @@ def build(
 
 
 def install_finder(finder: EmulatedPackage) -> None:
-    """Put ``finder`` right after the core's import hub (or first, without one)."""
-    from .._hub import hub
+    """Put ``finder`` right behind the engine's import hub, so its watches see torch_npu."""
+    from ascend_patch_core.imports import add_finder
 
-    position = sys.meta_path.index(hub) + 1 if hub in sys.meta_path else 0
-    sys.meta_path.insert(position, finder)
+    add_finder(finder)
 
 
 def remove_finder(finder: EmulatedPackage) -> None:
     """Off ``sys.meta_path`` without making concurrent imports skip a finder (see the hub's)."""
-    from .._hub import remove_finder as remove_safely
+    from ascend_patch_core.imports import remove_finder as remove_safely
 
     remove_safely(finder)

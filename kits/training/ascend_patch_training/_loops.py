@@ -30,7 +30,7 @@ from typing import Any
 from typing import NoReturn
 from typing import Protocol
 
-from .._patch import AtomicPatch
+from ascend_patch_core import AtomicPatch
 
 
 __all__ = ["LoopBrake", "LoopHost", "loop_patches"]

@@ -4,7 +4,7 @@ Devices are bookkeeping only: every ``npu`` tensor is a CPU tensor, streams and
 events complete immediately, device memory is not tracked (all counters are 0),
 and the RNG of every emulated device is the CPU generator. Names and signatures
 follow ``torch_npu.npu``; values say "emulated" wherever a string is returned.
-Imported only by :func:`ascend_patch_core.emulator.activate`, so importing torch here is fine.
+Imported only by :func:`ascend_patch_emulator.activate`, so importing torch here is fine.
 """
 
 from __future__ import annotations

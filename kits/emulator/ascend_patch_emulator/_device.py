@@ -351,7 +351,7 @@ def make_inactive(module: types.ModuleType) -> None:
     def missing(name: str) -> Any:
         raise AttributeError(
             f"torch.npu.{name}: the NPU emulator is not active "
-            f"(ascend_patch_core.emulator.activate() turns it on)"
+            f"(ascend_patch_emulator.activate() turns it on)"
         )
 
     for name in ("is_available", "is_initialized", "_is_in_bad_fork"):

@@ -24,8 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._report import Record
-from .._report import Status
+from ascend_patch_core import Record
+from ascend_patch_core import Status
 
 
 __all__ = ["Brake", "BrakeExit", "announce", "rank"]

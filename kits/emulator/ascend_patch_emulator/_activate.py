@@ -113,7 +113,7 @@ def resolve_version(version: str | None = None) -> str:
         if DEFAULT_VERSION in available:
             return DEFAULT_VERSION
         if not available:
-            raise LookupError("no torch_npu schema data is installed with ascend-patch-core")
+            raise LookupError("no torch_npu schema data is installed with ascend-patch-emulator")
         newest = available[-1]
         warnings.warn(
             f"ascend-patch emulator: no schema data for the default torch_npu "
@@ -202,6 +202,11 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
         _runtime.state.active = True
         _library.show()
         undos.append(off)
+        # Patch requirements such as ``requires = "torch-npu>=2.1"`` now hold, with
+        # this version, through the engine's public override (nothing is sniffed).
+        from ascend_patch_core import override_version
+
+        undos.append(override_version("torch-npu", version, "emulated"))
         _modules.install_finder(package)
 
         def forget() -> None:

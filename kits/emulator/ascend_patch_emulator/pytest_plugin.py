@@ -4,14 +4,14 @@ Fixtures:
 
 * ``npu_emulator`` -- the NPU emulator, active for the test (``import torch_npu``,
   ``torch.npu``, ``"npu"`` devices, ``torch.ops.npu`` with real schemas); yields its
-  :class:`~ascend_patch_core.emulator.EmulatorHandle` and deactivates afterwards
+  :class:`~ascend_patch_emulator.EmulatorHandle` and deactivates afterwards
   (unless it was already active before the test, e.g. from a conftest);
 * ``emulated_torch_npu_version`` -- the torch_npu version the emulator uses,
   from ``--torch-npu-version`` (or the ``ascend_patch_torch_npu_version`` ini
   option); one version per pytest process;
 * ``isolated_patcher`` -- a fresh strict :class:`~ascend_patch_core.Patcher` with no
   plugin discovery, always reverted at teardown;
-* ``assert_parity`` -- :func:`ascend_patch_core.pytest_plugin.assert_parity`, for
+* ``assert_parity`` -- :func:`ascend_patch_emulator.pytest_plugin.assert_parity`, for
   tests that prefer a fixture to an import.
 
 Nothing here imports torch or ascend_patch_core at pytest start-up; the fixtures
@@ -31,7 +31,7 @@ import pytest
 
 if TYPE_CHECKING:
     from ascend_patch_core import Patcher
-    from ascend_patch_core.emulator import EmulatorHandle
+    from ascend_patch_emulator import EmulatorHandle
 
 
 __all__ = [
@@ -71,11 +71,11 @@ def assert_parity(
 ) -> None:
     """Assert ``replacement`` matches ``original`` on the same inputs, outputs and gradients.
 
-    See :func:`ascend_patch_core.emulator._parity.assert_parity` for the details:
+    See :func:`ascend_patch_emulator._parity.assert_parity` for the details:
     cloned inputs per run, floating tensors require grad, dtype-aware tolerances
     (``rtol``/``atol`` override them), same seeded cotangents for the backward pass.
     """
-    from .emulator._parity import assert_parity as run
+    from ._parity import assert_parity as run
 
     run(
         original,
@@ -91,7 +91,7 @@ def assert_parity(
 
 def tolerance_for(*dtypes: Any) -> tuple[float, float]:
     """The ``(rtol, atol)`` :func:`assert_parity` uses for results of these dtypes."""
-    from .emulator._parity import tolerance_for as pick
+    from ._parity import tolerance_for as pick
 
     return pick(*dtypes)
 
@@ -99,7 +99,7 @@ def tolerance_for(*dtypes: Any) -> tuple[float, float]:
 @pytest.fixture(scope="session")
 def emulated_torch_npu_version(pytestconfig: pytest.Config) -> str:
     """The torch_npu version ``npu_emulator`` emulates in this pytest process."""
-    from .emulator._activate import resolve_version
+    from ._activate import resolve_version
 
     chosen = pytestconfig.getoption(_OPTION) or pytestconfig.getini(_INI) or None
     return resolve_version(chosen)
@@ -108,8 +108,8 @@ def emulated_torch_npu_version(pytestconfig: pytest.Config) -> str:
 @pytest.fixture
 def npu_emulator(emulated_torch_npu_version: str) -> Iterator[EmulatorHandle]:
     """The NPU emulator, active for the test; deactivated after it unless it was active before."""
-    from .emulator import activate
-    from .emulator import is_active
+    from . import activate
+    from . import is_active
 
     was_active = is_active()
     handle = activate(emulated_torch_npu_version)
@@ -123,7 +123,7 @@ def npu_emulator(emulated_torch_npu_version: str) -> Iterator[EmulatorHandle]:
 @pytest.fixture
 def isolated_patcher() -> Iterator[Patcher]:
     """A strict ``Patcher`` without plugin discovery, reverted after the test whatever happens."""
-    from . import Patcher
+    from ascend_patch_core import Patcher
 
     patcher = Patcher(autoload=False, strict=True)
     try:

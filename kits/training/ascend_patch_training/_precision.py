@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import NamedTuple
 
-from .._errors import PatchDefinitionError
-from .._hub import hub
-from .._report import Record
-from .._report import Status
-from .._with_imports import lazy_imports_of
+from ascend_patch_core import PatchDefinitionError
+from ascend_patch_core import Record
+from ascend_patch_core import Status
+from ascend_patch_core import imports
 
 
 if TYPE_CHECKING:
-    from .._patcher import Patcher
+    from ascend_patch_core import Patcher
+
     from ._compare import Deviation
 
 __all__ = ["DEFAULT_TOLERANCES", "PrecisionCheck", "PrecisionOptions", "PrecisionRecord"]
@@ -289,10 +289,9 @@ class PrecisionSummaryRecord(Record):
 
 
 class _PatchState:
-    __slots__ = ("done", "entry", "function", "lock", "original", "record")
+    __slots__ = ("done", "function", "lock", "original", "record")
 
-    def __init__(self, entry: Any, record: PrecisionRecord) -> None:
-        self.entry = entry
+    def __init__(self, record: PrecisionRecord) -> None:
         self.record = record
         self.function: types.FunctionType | None = None
         self.original: Any = None
@@ -378,7 +377,7 @@ class PrecisionCheck:
             watches, self._import_watches = self._import_watches, {}
         for handles in watches.values():
             for handle in handles:
-                hub.unwatch(handle)
+                imports.cancel(handle)
         unseen = [n for n in (self.options.patches or ()) if n not in self._seen_names]
         if unseen:
             self.summary.warnings.append(
@@ -439,43 +438,52 @@ class PrecisionCheck:
     # -- finding the patches ------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Pick up patches applied since the last look (imports happen at any time)."""
+        """Pick up patches applied since the last look (imports happen at any time).
+
+        Reads only the patcher's public view: its report (every patch and hook, with
+        its status) and ``installed()`` (original and replacement of applied ones).
+        """
         if self._closed:
             return
-        entries = list(self._patcher._entries)  # read-only: the patcher owns them
+        records = self._patcher.report.records
+        installed = {id(p.record): p for p in self._patcher.installed()}
         wanted = self.options.patches
         changed = watching = False
         roots: set[str] = set()
         with self._lock:
-            for entry in entries:
-                if entry.state in ("planned", "pending", "installing"):
-                    roots.add(entry.patch.path.root)
+            for record in records:
+                if record.kind == "hook" and record.status is Status.APPLIED:
+                    roots.add(_root(record.target))
+                if record.kind != "patch":
+                    continue
+                status = record.status
+                if status is Status.PENDING:
+                    roots.add(_root(record.target))
                 if wanted is not None:
-                    names = entry.names()
-                    matched = names & set(wanted)
+                    matched = {record.name, record.target, record.group} & set(wanted)
                     if not matched:
                         continue
-                    self._seen_names |= matched
-                state = self._states.get(id(entry))
+                    self._seen_names |= {n for n in matched if n}
+                state = self._states.get(id(record))
                 if state is None:
-                    state = _PatchState(entry, PrecisionRecord(entry.record))
-                    self._states[id(entry)] = state
+                    state = _PatchState(PrecisionRecord(record))
+                    self._states[id(record)] = state
                     changed = True
-                if state.function is None and not state.done and entry.state == "applied":
-                    self._watch(state)
+                patch = installed.get(id(record))
+                if state.function is None and not state.done and patch is not None:
+                    self._watch(state, patch.replacement, patch.original)
                     changed = True
                     watching = watching or state.function is not None
-                elif state.function is not None and entry.state != "applied":
-                    self._unwatch(state, f"the patch is {entry.state} now")
+                elif state.function is not None and patch is None:
+                    self._unwatch(state, f"the patch is {status.value} now")
                     changed = True
                 elif (
                     state.function is None
-                    and entry.state in ("skipped", "failed", "reverted")
+                    and status in (Status.SKIPPED, Status.FAILED, Status.REVERTED)
                     and state.record.status is Status.PENDING
                 ):
-                    state.record.set(Status.SKIPPED, f"the patch itself is {entry.state}")
+                    state.record.set(Status.SKIPPED, f"the patch itself is {status.value}")
                     state.done = True
-            roots |= {hook.hook.pattern.partition(".")[0] for hook in self._patcher._hooks}
         self._watch_imports(roots)
         if watching:
             self._install()
@@ -494,8 +502,8 @@ class PrecisionCheck:
                     continue
                 self._import_watches[root] = []
             handles = [
-                hub.watch_pattern(f"{root}.*", self._imported),
-                hub.when_imported(root, self._root_imported),
+                imports.on_every_import(f"{root}.*", self._imported),
+                imports.when_imported(root, self._root_imported),
             ]
             with self._lock:
                 self._import_watches[root] = handles
@@ -507,12 +515,11 @@ class PrecisionCheck:
         with self._lock:
             handles = self._import_watches.pop(module.__name__, [])
         for handle in handles:  # the exact watch fired; renew both on the next refresh
-            hub.unwatch(handle)
+            imports.cancel(handle)
         self._safely(self.refresh)
 
-    def _watch(self, state: _PatchState) -> None:
-        function, why = _observable(state.entry.new_inner)
-        original = state.entry.original
+    def _watch(self, state: _PatchState, replacement: Any, original: Any) -> None:
+        function, why = _observable(replacement)
         if function is None or not callable(original):
             state.done = True
             state.record.set(
@@ -545,7 +552,8 @@ class PrecisionCheck:
             if self._by_code or self._pending:
                 return
             open_entries = any(
-                e.state in ("planned", "pending", "installing") for e in self._patcher._entries
+                r.kind == "patch" and r.status is Status.PENDING
+                for r in self._patcher.report.records
             )
         if not open_entries:
             self._uninstall()
@@ -693,16 +701,12 @@ class PrecisionCheck:
         self.summary.set(Status.FAILED if failed else Status.APPLIED, text)
 
 
-def _observable(installed: Any) -> tuple[types.FunctionType | None, str | None]:
+def _root(target: str) -> str:
+    return target.replace(":", ".").partition(".")[0]
+
+
+def _observable(function: Any) -> tuple[types.FunctionType | None, str | None]:
     """The Python function whose frames are the patch's replacement running."""
-    function = installed
-    if getattr(function, "__ascend_patch_original__", None) is not None:
-        function = getattr(function, "__wrapped__", function)  # runtime_check wrapper
-    lazy = lazy_imports_of(function)
-    if lazy is not None:
-        function = lazy.func
-    if isinstance(function, (staticmethod, classmethod)):
-        function = function.__func__
     if isinstance(function, type):
         return None, (
             "the replacement is a class: calls cannot be compared (patch its methods to check them)"

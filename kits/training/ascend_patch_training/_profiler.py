@@ -18,8 +18,8 @@ import threading
 from typing import Any
 from typing import NamedTuple
 
-from .._report import Record
-from .._report import Status
+from ascend_patch_core import Record
+from ascend_patch_core import Status
 
 
 __all__ = ["ProfilerControl", "ProfilingOptions"]

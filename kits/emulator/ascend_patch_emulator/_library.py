@@ -144,7 +144,7 @@ def _make_impl(
         if not _runtime.state.active:
             raise EmulatorInactiveError(
                 f"npu::{entry.record_name}: ascend-patch's NPU emulator (torch_npu {version}) "
-                f"is not active; call ascend_patch_core.emulator.activate() first"
+                f"is not active; call ascend_patch_emulator.activate() first"
             )
         if record is not None:
             record(entry.record_name, args, kwargs)
@@ -166,7 +166,7 @@ def _missing_message(qualified: str, version: str, why: str) -> str:
     if why:
         message += f" (the kernel {why})"
     return (
-        message + ". Add a kernel in ascend_patch_core/emulator/_kernels/, or keep the op "
+        message + ". Add a kernel in kits/emulator/ascend_patch_emulator/_kernels/, or keep the op "
         "off the emulated code path."
     )
 

@@ -1,0 +1,389 @@
+"""Planning: declarations in, an ordered plan with a verdict for every patch out.
+
+One pipeline for every caller: ``Patcher.apply()`` installs what the plan leaves
+pending; ``ascend-patch doctor`` and ``scan`` show the plan without installing
+anything. Planning imports no target library and changes nothing outside the
+ledger it is given (a dry run passes a fresh one). The verdicts, in order:
+
+1. group verdicts -- disabled, opt-in and not enabled, requirement unmet (checked
+   from metadata before ``patches()`` runs, so a group that cannot apply costs one
+   lookup), ``patches()`` raised or returned something that is not a patch;
+2. patch verdicts -- disabled, requirement unmet;
+3. collisions -- two live patches on one target (a warning; an error when strict);
+4. dependencies -- ``after=`` names linked, unknown names and cycles failed;
+5. order -- declaration order, dependencies first.
+
+Group conflicts (``conflicts_with``) and unknown names in ``disable()`` are
+separate functions, because the Patcher checks them at other moments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ._entries import Entry
+from ._entries import HookState
+from ._entries import LegacyState
+from ._entries import dependency_order
+from ._entries import in_cycle
+from ._entries import norm_target
+from ._entries import who
+from ._errors import PatchConflictError
+from ._errors import PatchDefinitionError
+from ._ledger import Ledger
+from ._metadata import MetadataCache
+from ._patch import AtomicPatch
+from ._patch import ModuleHook
+from ._patch import Patch
+from ._patch import PatchLike
+from ._report import CallCounters
+from ._report import Provenance
+from ._report import Record
+from ._report import Status
+from ._requires import check_requirement
+
+
+__all__ = [
+    "Declared",
+    "Plan",
+    "conflicting_groups",
+    "enabled_by",
+    "known_names",
+    "plan",
+    "unknown_names",
+]
+
+
+class Declared:
+    """One declaration to plan: a patch-like object, its ``add()`` options, where it came from.
+
+    ``group`` names the group of a lone AtomicPatch (the ModuleHook that produced it).
+    """
+
+    __slots__ = ("group", "item", "options", "provenance")
+
+    def __init__(
+        self, item: PatchLike, options: Any, provenance: Provenance, group: str | None = None
+    ) -> None:
+        self.item = item
+        self.options = options
+        self.provenance = provenance
+        self.group = group
+
+
+class Plan:
+    """What planning produced; everything in it is already in the ledger."""
+
+    __slots__ = ("collisions", "entries", "groups", "hooks", "legacy", "missing_after")
+
+    def __init__(self) -> None:
+        #: Dependency-ordered; open ones are to be installed, the others carry their verdict.
+        self.entries: list[Entry] = []
+        self.hooks: list[HookState] = []
+        self.legacy: list[LegacyState] = []
+        #: Group classes by name, with the provenance that declared them.
+        self.groups: dict[str, tuple[type[Patch], Provenance]] = {}
+        #: (path, first entry, later entry) for each target patched twice.
+        self.collisions: list[tuple[str, Entry, Entry]] = []
+        #: (entry, name) for each ``after=`` name that matches nothing.
+        self.missing_after: list[tuple[Entry, str]] = []
+
+
+def enabled_by(group: type[Patch], names: frozenset[str]) -> bool:
+    """Whether ``names`` (the enable switches) turn on the opt-in ``group``."""
+    return "*" in names or group.name in names or (group.legacy_name or "") in names
+
+
+def plan(
+    declared: Iterable[Declared],
+    ledger: Ledger,
+    meta: MetadataCache,
+    *,
+    disabled: frozenset[str] = frozenset(),
+    enabled: frozenset[str] = frozenset(),
+    strict: bool = False,
+    dry_run: bool = False,
+) -> Plan:
+    """Plan ``declared`` against what ``ledger`` already holds, and record it there.
+
+    ``enabled`` names opt-in groups to turn on (``"*"``: all). With ``dry_run``, a
+    group whose requirement is unmet is still expanded (its patches then carry the
+    unmet requirement), so a report can list every patch a plugin declares.
+    """
+    result = Plan()
+    answers: dict[str, tuple[bool, str]] = {}
+    entries: list[Entry] = []
+    seen: set[int] = set()
+    for declaration in declared:
+        item = declaration.item
+        if id(item) in seen:
+            continue  # the same object declared twice (a plugin's group added again by the user)
+        seen.add(id(item))
+        if isinstance(item, type):
+            _plan_group(
+                declaration, item, ledger, meta, answers, result, disabled, enabled, dry_run
+            )
+        elif isinstance(item, AtomicPatch):
+            result.entries.append(
+                _new_entry(item, declaration.group, (), declaration.provenance, ledger)
+            )
+        elif isinstance(item, ModuleHook):
+            result.hooks.append(_new_hook(item, declaration.provenance, None, ledger, disabled))
+        else:
+            result.legacy.append(_new_legacy(item, declaration.provenance, ledger, disabled))
+    entries = result.entries
+    for entry in entries:
+        if entry.names & disabled:
+            entry.record.set(Status.SKIPPED, "disabled")
+    _check_requirements(entries, meta, answers)
+    _check_collisions(entries, ledger, result, strict)
+    _link_dependencies(entries, ledger, result)
+    for entry in entries:
+        ledger.index(entry)
+    result.entries = dependency_order(entries)
+    ledger.add(result.entries, result.hooks, result.legacy)
+    return result
+
+
+def _plan_group(
+    declaration: Declared,
+    group: type[Patch],
+    ledger: Ledger,
+    meta: MetadataCache,
+    answers: dict[str, tuple[bool, str]],
+    result: Plan,
+    disabled: frozenset[str],
+    enabled: frozenset[str],
+    dry_run: bool,
+) -> None:
+    provenance = declaration.provenance
+
+    def group_record(status: Status, reason: str) -> None:
+        record = Record("group", group.name, group.name, status, reason, group.name, provenance)
+        with ledger.lock:
+            ledger.records.append(record)
+
+    result.groups[group.name] = (group, provenance)
+    if group.name in disabled or (group.legacy_name or "") in disabled:
+        group_record(Status.SKIPPED, "disabled")
+        return
+    # A group the user added is wanted, opt-in or not; a plugin's needs the switch.
+    if group.opt_in and provenance.plugin is not None and not enabled_by(group, enabled):
+        group_record(
+            Status.SKIPPED,
+            f"opt-in: enable it with ASCEND_PATCH_ENABLE={group.name} or Patcher.enable({group.name!r})",
+        )
+        return
+    try:
+        requires = group.normalized_requires()
+    except PatchDefinitionError as exc:
+        group_record(Status.FAILED, str(exc))
+        return
+    if not dry_run:
+        for text in requires:
+            ok, why = _answer(text, meta, answers)
+            if not ok:
+                group_record(Status.SKIPPED, f"requires {text}: {why}")
+                return
+    try:
+        children = list(group.patches(declaration.options))
+    except Exception as exc:
+        group_record(
+            Status.FAILED, f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}"
+        )
+        return
+    for child in children:
+        if isinstance(child, AtomicPatch):
+            result.entries.append(
+                _new_entry(child, group.name, tuple(group.after), provenance, ledger, requires)
+            )
+        elif isinstance(child, ModuleHook):
+            result.hooks.append(_new_hook(child, provenance, group, ledger, disabled, requires))
+        else:
+            group_record(Status.FAILED, f"{group.__qualname__}.patches() returned {child!r}")
+
+
+def _new_entry(
+    patch: AtomicPatch,
+    group_name: str | None,
+    group_after: tuple[str, ...],
+    provenance: Provenance,
+    ledger: Ledger,
+    requires: tuple[str, ...] = (),
+) -> Entry:
+    record = Record("patch", patch.name, patch.target, group=group_name, provenance=provenance)
+    entry = Entry(patch, record, group_name, provenance, requires=requires, after=group_after)
+    if patch.runtime_check is not None:
+        record.counters = CallCounters()
+    with ledger.lock:
+        ledger.records.append(record)
+    return entry
+
+
+def _new_hook(
+    hook: ModuleHook,
+    provenance: Provenance,
+    group: type[Patch] | None,
+    ledger: Ledger,
+    disabled: frozenset[str],
+    requires: tuple[str, ...] = (),
+) -> HookState:
+    group_name = group.name if group is not None else None
+    record = Record("hook", hook.name, hook.pattern, group=group_name, provenance=provenance)
+    state = HookState(hook, record, provenance, group_name, requires)
+    if hook.name in disabled or (group_name is not None and group_name in disabled):
+        record.set(Status.SKIPPED, "disabled")
+    with ledger.lock:
+        ledger.records.append(record)
+    return state
+
+
+def _new_legacy(
+    patch: Any, provenance: Provenance, ledger: Ledger, disabled: frozenset[str]
+) -> LegacyState:
+    record = Record("legacy", patch.name, patch.target_module or "?", provenance=provenance)
+    state = LegacyState(patch, record, provenance)
+    if patch.name in disabled:
+        record.set(Status.SKIPPED, "disabled")
+    elif not patch.target_module:
+        record.set(
+            Status.FAILED, "LegacyPatch needs target_module (use PatcherBuilder.add_module_patch)"
+        )
+    with ledger.lock:
+        ledger.records.append(record)
+    return state
+
+
+def _answer(
+    text: str, meta: MetadataCache, answers: dict[str, tuple[bool, str]]
+) -> tuple[bool, str]:
+    # A group's requirement is repeated on each of its patches: one answer per text
+    # and plan (answers about an overridden distribution are not cached on disk).
+    answer = answers.get(text)
+    if answer is None:
+        answer = answers[text] = check_requirement(text, meta)
+    return answer
+
+
+def _check_requirements(
+    entries: list[Entry], meta: MetadataCache, answers: dict[str, tuple[bool, str]]
+) -> None:
+    for entry in entries:
+        for text in entry.requires:
+            ok, why = _answer(text, meta, answers)
+            entry.verdicts.append((text, ok, why))
+        if entry.open:
+            unmet = next((v for v in entry.verdicts if not v[1]), None)
+            if unmet is not None:
+                entry.record.set(Status.SKIPPED, f"requires {unmet[0]}: {unmet[2]}")
+
+
+def _check_collisions(entries: list[Entry], ledger: Ledger, result: Plan, strict: bool) -> None:
+    by_target = ledger.by_target
+    for entry in entries:
+        if not entry.open:
+            continue
+        for path in (entry.patch.target, *entry.patch.aliases):
+            key = norm_target(path)
+            first = ledger.holder_of(path)
+            if first is None:
+                by_target[key] = entry
+                continue
+            if first is entry:
+                continue
+            result.collisions.append((path, first, entry))
+            message = (
+                f"{who(first)} and {who(entry)} both patch {path}; they are applied in that order, "
+                f"so {entry.patch.name!r} is installed over {first.patch.name!r}"
+            )
+            if strict:
+                raise PatchConflictError(f"ascend-patch (strict): {message}")
+            ledger.warn(message)
+            entry.record.warnings.append(message)
+
+
+def _link_dependencies(entries: list[Entry], ledger: Ledger, result: Plan) -> None:
+    if not any(entry.after for entry in entries):
+        return
+    new_names: dict[str, list[Entry]] = {}
+    for entry in entries:
+        for name in entry.names:
+            new_names.setdefault(name, []).append(entry)
+    for entry in entries:
+        for name in entry.after:
+            candidates = [
+                e for e in ledger.by_name.get(name, ()) if e.status is not Status.REVERTED
+            ] + new_names.get(name, [])
+            found = [
+                d
+                for d in candidates
+                if d is not entry and not (name == entry.group and d.group == entry.group)
+            ]
+            if not found:
+                result.missing_after.append((entry, name))
+                if entry.open:
+                    entry.record.set(
+                        Status.FAILED, f"after={name!r} names no patch or group of this patcher"
+                    )
+                break
+            for dep in found:
+                if dep not in entry.deps:
+                    entry.deps.append(dep)
+                    dep.dependents.append(entry)
+    # A dependency cycle can never be satisfied: fail its members instead of waiting forever.
+    for entry in entries:
+        if entry.open and entry.deps and in_cycle(entry):
+            entry.record.set(Status.FAILED, "dependency cycle through 'after'")
+
+
+def conflicting_groups(
+    groups: Iterable[type[Patch]], disabled: Iterable[str]
+) -> list[tuple[str, str]]:
+    """(group, other) for each pair of enabled groups where one names the other in ``conflicts_with``."""
+    off = set(disabled)
+    enabled = {g.name for g in groups if g.name not in off}
+    found: list[tuple[str, str]] = []
+    for group in groups:
+        if group.name not in enabled:
+            continue
+        found.extend(
+            (group.name, other)
+            for other in group.conflicts_with
+            if other in enabled and other != group.name
+        )
+    return found
+
+
+def unknown_names(names: Iterable[str], known: set[str]) -> list[str]:
+    """The names (from ``disable()`` or a switch) that match nothing known."""
+    from ._metadata import normalize_name
+
+    return sorted(
+        n for n in set(names) if n != "*" and n not in known and normalize_name(n) not in known
+    )
+
+
+def known_names(
+    ledger: Ledger, groups: Iterable[type[Patch]], extra: Iterable[str] = ()
+) -> set[str]:
+    """Every name ``disable()`` may use for what ``ledger`` holds."""
+    from ._metadata import normalize_name
+
+    known: set[str] = set(extra)
+    with ledger.lock:
+        known.update(ledger.by_name)
+        for entry in ledger.entries:
+            known |= {norm_target(entry.patch.target)}
+        known |= {h.hook.name for h in ledger.hooks}
+        known |= {lg.patch.name for lg in ledger.legacy}
+        for record in ledger.records:
+            if record.kind in ("plugin", "group"):
+                known.add(record.name)
+                if record.provenance.distribution:
+                    known.add(normalize_name(record.provenance.distribution))
+    for group in groups:
+        known.add(group.name)
+        if group.legacy_name:
+            known.add(group.legacy_name)
+    return known

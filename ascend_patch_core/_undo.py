@@ -1,0 +1,150 @@
+"""Undoing: put back every original by identity, in reverse order.
+
+The installer logs each site it fills; ``revert()`` replays that log backwards,
+after giving the original back to the modules that imported a replacement while it
+was installed (``from x import f`` after the patch). A slot someone else changed
+after we patched it is left alone and reported, never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from typing import Any
+
+from ._entries import Entry
+from ._entries import Site
+from ._entries import own_modules
+from ._hub import hub
+from ._report import Record
+from ._report import Status
+from ._stale import find_holders
+from ._stale import loaded_modules
+
+
+if TYPE_CHECKING:
+    from ._installer import Installer
+    from ._ledger import Ledger
+    from ._rules import ImportRule
+    from ._settings import Session
+
+
+__all__ = ["restore_late_holders", "restore_site", "revert_all"]
+
+
+def restore_site(site: Site, warn: Callable[[str], None]) -> None:
+    """Put back what ``site``'s slot held before the patch (and undo its rebinds)."""
+    slot = site.slot
+    if slot is None:
+        return
+    for module, name, original in reversed(site.rebinds):
+        if vars(module).get(name) is site.installed_inner:
+            setattr(module, name, original)
+    site.rebinds.clear()
+    if slot.current() is site.installed:
+        slot.restore()
+    else:
+        warn(
+            f"{site.path.text} was changed by someone else after it was patched; "
+            "left as is (the original was not restored)"
+        )
+    site.clear()
+
+
+def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
+    """Give back the original to modules that imported a replacement while it was applied.
+
+    ``from x import f`` executed after the patch binds the replacement; without this,
+    such modules would keep it after revert() and the undo would not be exact. Only
+    modules loaded after an installation can hold it that way, so only they are
+    searched (for a patcher whose imports all happened before apply(), none).
+    """
+    # replaced object id -> (object, original raw, ids of modules loaded before it went in)
+    wanted: dict[int, tuple[Any, Any, frozenset[int]]] = {}
+    slots: set[tuple[int, str]] = set()
+    snapshots: dict[int, frozenset[int]] = {}
+    for site in log:
+        slot = site.slot
+        if slot is None:
+            continue
+        slots.add((id(slot.owner), slot.key))
+        if slot.kind != "module" or not slot.own:
+            continue
+        for inner, modules_before in site.history:
+            if callable(inner):
+                wanted[id(inner)] = (inner, slot.raw, modules_before)
+                snapshots[id(modules_before)] = modules_before
+    if not wanted:
+        return
+    # One snapshot object serves every install made while sys.modules did not change:
+    # the modules to search are those missing from at least one snapshot.
+    common = frozenset.intersection(*snapshots.values())
+    loaded = loaded_modules()
+    candidates = {name: m for name, m in loaded.items() if m is not None and id(m) not in common}
+    if not candidates:
+        return
+    holders = find_holders(
+        {key: value[0] for key, value in wanted.items()},
+        set(),
+        own_modules(entries),
+        modules=candidates,
+    )
+    for key, found in holders.items():
+        installed, original, modules_before = wanted[key]
+        for module, name in found:
+            if id(module) in modules_before or (id(module), name) in slots:
+                continue  # loaded before the install, or the patched slot itself
+            if vars(module).get(name) is installed:
+                setattr(module, name, original)
+
+
+def revert_all(
+    ledger: Ledger,
+    installer: Installer,
+    rules: list[tuple[ImportRule, Record]],
+    env_set: list[tuple[str, str]],
+    sessions: list[Session],
+) -> None:
+    """Undo everything one patcher did, newest first; leaves its records saying so."""
+    with ledger.lock:
+        log, installer.log = installer.log, []
+        entries, hooks, legacy = ledger.clear()
+        # Every entry leaves the game now, under the lock: a thread about to install
+        # one (an import finishing right now) sees it reverted and stops, and one that
+        # is installing undoes its own installation (see Installer._install).
+        for entry in entries:
+            if entry.status is Status.APPLIED:
+                entry.record.set(Status.REVERTED, None)
+            elif entry.status is Status.PENDING:
+                entry.record.set(Status.REVERTED, "reverted before its target was imported")
+            entry.claimed = True
+            for handle in entry.watching.values():
+                hub.unwatch(handle)
+            entry.watching.clear()
+    for hook in hooks:
+        if hook.handle is not None:
+            hub.unwatch(hook.handle)
+            hook.handle = None
+        if hook.record.status is Status.APPLIED:
+            hook.record.set(Status.REVERTED, None)
+    restore_late_holders(log, entries)
+    for site in reversed(log):
+        restore_site(site, ledger.warn)
+    for state in legacy:
+        if state.handle is not None:
+            hub.unwatch(state.handle)
+        if state.record.status is Status.APPLIED:
+            state.record.set(Status.APPLIED, "a legacy patch function cannot be reverted")
+            ledger.warn(f"legacy patch {state.patch.name!r} cannot be reverted; its changes remain")
+    for session in reversed(sessions):
+        session.undo()
+    for rule, record in reversed(rules):
+        for warning in rule.deactivate():
+            ledger.warn(warning)
+        if record.status in (Status.APPLIED, Status.PENDING):
+            record.set(Status.REVERTED, None)
+    for name, value in reversed(env_set):
+        if os.environ.get(name) == value:
+            del os.environ[name]
