@@ -16,6 +16,10 @@ from typing import Any
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
+from ._report import FAILED
+from ._report import PENDING
+from ._report import REVERTED
+from ._report import SKIPPED
 from ._report import Provenance
 from ._report import Record
 from ._report import Status
@@ -40,18 +44,21 @@ __all__ = [
 ]
 
 #: Final states of an entry that never (or no longer) holds an installation.
-NOT_APPLIED = frozenset((Status.SKIPPED, Status.FAILED, Status.REVERTED))
+NOT_APPLIED = frozenset((SKIPPED, FAILED, REVERTED))
 
 
 class Skip(Exception):
     """Raised inside installation to end a patch as SKIPPED with this reason."""
 
 
+_NO_MODULES: frozenset[int] = frozenset()
+
+
 class Site:
-    """One slot an entry installs into: the primary target or an alias."""
+    """One slot an entry installs into: its target (the entry itself) or an alias."""
 
     __slots__ = (
-        "history",
+        "earlier",
         "installed",
         "installed_inner",
         "modules_before",
@@ -69,44 +76,52 @@ class Site:
         self.installed_inner: Any = None
         #: ids of the modules loaded when ``installed_inner`` was installed: they may
         #: hold that object for their own reasons and are not given the original back.
-        self.modules_before: frozenset[int] = frozenset()
-        #: Every (inner object, modules loaded then) this site ever installed: a
-        #: with_imports trampoline is later swapped for its function, and a module
-        #: that imported the trampoline in between must get the original back too.
-        self.history: list[tuple[Any, frozenset[int]]] = []
-        #: (module, global name, original) rebound to the replacement.
-        self.rebinds: list[tuple[types.ModuleType, str, Any]] = []
+        self.modules_before: frozenset[int] = _NO_MODULES
+        #: Objects this site installed before the current one, with their
+        #: ``modules_before``: a with_imports trampoline is swapped for its function
+        #: after the first call, and a module that imported the trampoline in between
+        #: must get the original back too. None until a swap happens.
+        self.earlier: list[tuple[Any, frozenset[int]]] | None = None
+        #: (module, global name, original) rebound to the replacement; None until one is.
+        self.rebinds: list[tuple[types.ModuleType, str, Any]] | None = None
 
     def installed_now(
         self, slot: Slot, raw: Any, inner: Any, modules_before: frozenset[int]
     ) -> None:
+        if self.slot is not None:
+            if self.earlier is None:
+                self.earlier = []
+            self.earlier.append((self.installed_inner, self.modules_before))
         self.slot, self.installed, self.installed_inner = slot, raw, inner
         self.modules_before = modules_before
-        self.history.append((inner, modules_before))
+
+    def history(self) -> list[tuple[Any, frozenset[int]]]:
+        """Every (inner object, modules loaded then) this site installed, oldest first."""
+        return [*(self.earlier or ()), (self.installed_inner, self.modules_before)]
 
     def clear(self) -> None:
         self.slot = None
         self.installed = self.installed_inner = None
-        self.history.clear()
+        self.earlier = None
 
 
-class Entry:
-    """The engine's state for one AtomicPatch."""
+class Entry(Site):
+    """The engine's state for one AtomicPatch; it is also the site of its target.
+
+    (Its aliases are sites of their own, in ``alias_sites``.)
+    """
 
     __slots__ = (
         "after",
         "alias_sites",
         "claimed",
-        "counters_owner",
         "dependents",
         "deps",
         "group",
         "immediate",
-        "names",
         "new_inner",
         "original",
         "patch",
-        "primary",
         "provenance",
         "record",
         "replacement",
@@ -125,36 +140,46 @@ class Entry:
         requires: tuple[str, ...] = (),
         after: tuple[str, ...] = (),
     ) -> None:
+        # The most patches a plugin declares go through here: keep it to assignments
+        # (containers that most entries never need are made on first use).
+        self.path = patch.path
+        self.slot = None
+        self.installed = self.installed_inner = None
+        self.modules_before = _NO_MODULES
+        self.earlier = self.rebinds = None
         self.patch = patch
         self.record = record
         self.group = group
         self.provenance = provenance
         #: The patch's own requirements, then its group's.
-        self.requires = (*patch.requires, *requires)
+        self.requires = (*patch.requires, *requires) if requires else patch.requires
         #: The patch's own ``after`` names, then its group's.
-        self.after = (*patch.after, *after)
+        self.after = (*patch.after, *after) if after else patch.after
         #: Every requirement checked, with its answer: (text, satisfied, explanation).
-        self.verdicts: list[tuple[str, bool, str]] = []
-        names = {patch.name, patch.target}
-        if group:
-            names.add(group)
-        self.names = frozenset(names)
+        self.verdicts: list[tuple[str, bool, str]] | tuple[()] = ()
         #: Owned by the thread installing it (from the claim until the end of its life).
         self.claimed = False
-        self.deps: list[Entry] = []
-        self.dependents: list[Entry] = []
-        self.watching: dict[str, Any] = {}
-        self.primary = Site(patch.path)
-        self.alias_sites = [Site(p) for p in patch.alias_paths]
+        self.deps: list[Entry] | tuple[()] = ()
+        self.dependents: list[Entry] | tuple[()] = ()
+        #: Import-hub handles by what they wait for; None while nothing is watched.
+        self.watching: dict[str, Any] | None = None
+        self.alias_sites = [Site(p) for p in patch.alias_paths] if patch.alias_paths else ()
         self.original: Any = None
         #: The replacement as resolved and wrapped, before any runtime_check wrapper.
         self.replacement: Any = None
-        #: What sits in the primary slot (inside a descriptor): the replacement, or its
+        #: What sits in the target's slot (inside a descriptor): the replacement, or its
         #: runtime_check wrapper.
         self.new_inner: Any = None
         #: Installed while apply() ran (module imported earlier): stale references possible.
         self.immediate = False
-        self.counters_owner = False
+
+    @property
+    def names(self) -> frozenset[str]:
+        """What ``disable()`` and ``after=`` may call it: patch name, target, group."""
+        names = {self.patch.name, self.patch.target}
+        if self.group:
+            names.add(self.group)
+        return frozenset(names)
 
     @property
     def status(self) -> Status:
@@ -163,7 +188,22 @@ class Entry:
     @property
     def open(self) -> bool:
         """Planned or waiting, and no thread has claimed it yet."""
-        return self.record.status is Status.PENDING and not self.claimed
+        return self.record.status is PENDING and not self.claimed
+
+    def depends_on(self, dep: Entry) -> None:
+        if dep not in self.deps:
+            self.deps = [*self.deps, dep]
+            dep.dependents = [*dep.dependents, self]
+
+    def watch(self, key: str, handle: Any) -> None:
+        if self.watching is None:
+            self.watching = {}
+        self.watching[key] = handle
+
+    def stop_watching(self) -> list[Any]:
+        """Forget every watch; return their handles (to unwatch outside the lock)."""
+        watching, self.watching = self.watching, None
+        return list(watching.values()) if watching else []
 
     def __repr__(self) -> str:
         return f"<Entry {self.patch.name!r} {self.record.status.value}{' claimed' if self.claimed else ''}>"

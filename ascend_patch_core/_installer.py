@@ -34,6 +34,11 @@ from ._hub import initializing
 from ._hub import wait_for_import
 from ._ledger import Ledger
 from ._replacement import build_replacement
+from ._report import APPLIED
+from ._report import FAILED
+from ._report import PENDING
+from ._report import REVERTED
+from ._report import SKIPPED
 from ._report import Status
 from ._stale import module_ids
 from ._target import ABSENT
@@ -46,9 +51,14 @@ from ._target import candidate_modules
 from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
+from ._target import resolve_global
 
 
 __all__ = ["Installer"]
+
+#: What _put_in returns when nothing went into the slot.
+_NOT_INSTALLED = object()
+_DESCRIPTORS = (staticmethod, classmethod, property)
 
 
 class Installer:
@@ -63,33 +73,24 @@ class Installer:
         self.applying_thread: int | None = None
         #: Entries installed during apply() whose stale references are yet to be looked for.
         self.stale_candidates: list[Entry] = []
+        #: (len(sys.modules), module_ids()): asked again only when sys.modules grew
+        #: (a replacement's import) since the last installation.
+        self._snapshot: tuple[int, frozenset[int]] | None = None
 
     # ------------------------------------------------------------------ advancing
 
     def advance(self, entry: Entry) -> None:
         """Move an entry as far as it can go now. Safe to call from any thread, any time."""
-        lock = self.ledger.lock
-        with lock:
+        with self.ledger.lock:
             if not entry.open:
                 return
-            for dep in entry.deps:
-                if dep.status in (Status.SKIPPED, Status.FAILED, Status.REVERTED):
-                    self.finish(
-                        entry,
-                        Status.SKIPPED,
-                        f"needs {dep.patch.name!r}, which is {dep.status.value}",
-                    )
+            if entry.deps and not self._dependencies_applied(entry):
+                return
+            if entry.patch.after_import:
+                missing = [m for m in entry.patch.after_import if m not in sys.modules]
+                if missing:
+                    self._wait_for(entry, missing[0])
                     return
-            waiting_dep = next((d for d in entry.deps if d.status is not Status.APPLIED), None)
-            if waiting_dep is not None:
-                entry.record.set(Status.PENDING, f"waiting for {waiting_dep.patch.name!r}")
-                return
-            missing_module = next(
-                (m for m in entry.patch.after_import if m not in sys.modules), None
-            )
-            if missing_module is not None:
-                self._wait_for(entry, missing_module)
-                return
         path = entry.patch.path
         settle_initializing(path)
         found = resolve(path, create=entry.patch.create)
@@ -100,6 +101,19 @@ class Installer:
         else:
             self._target_missing(entry, found)
 
+    def _dependencies_applied(self, entry: Entry) -> bool:
+        """Under the lock: whether every ``after`` dependency is in (else skip or wait)."""
+        for dep in entry.deps:
+            if dep.status in (SKIPPED, FAILED, REVERTED):
+                reason = f"needs {dep.patch.name!r}, which is {dep.status.value}"
+                self.finish(entry, SKIPPED, reason)
+                return False
+        for dep in entry.deps:
+            if dep.status is not APPLIED:
+                entry.record.set(PENDING, f"waiting for {dep.patch.name!r}")
+                return False
+        return True
+
     def _wait_for_target(self, entry: Entry, found: Waiting) -> None:
         with self.ledger.lock:
             if entry.open:
@@ -108,7 +122,7 @@ class Installer:
                 # defining module has run, before a package __init__ re-exports it.
                 for candidate in candidate_modules(entry.patch.path, found.module):
                     self._wait_for(entry, candidate)
-                entry.record.set(Status.PENDING, f"waiting for import of {found.module}")
+                entry.record.set(PENDING, f"waiting for import of {found.module}")
         # Another thread may have started importing the module between resolve() and
         # watch(): its loader is then not wrapped, so no callback will come. Wait for
         # that import to finish and look again.
@@ -131,24 +145,22 @@ class Installer:
                 return
             reason = f"target not found: {found.reason}"
             strict = self._strict()
-            self.finish(entry, Status.FAILED if strict else Status.SKIPPED, reason)
+            self.finish(entry, FAILED if strict else SKIPPED, reason)
         self.advance_dependents(entry)
         if strict:
             raise PatchError(f"ascend-patch (strict): could not apply {who(entry)}: {reason}")
 
     def _wait_for(self, entry: Entry, module: str) -> None:
-        entry.record.set(Status.PENDING, f"waiting for import of {module}")
-        if module not in entry.watching:
-            entry.watching[module] = hub.watch(
-                module, functools.partial(self._imported, entry, module)
-            )
+        entry.record.set(PENDING, f"waiting for import of {module}")
+        if entry.watching is None or module not in entry.watching:
+            entry.watch(module, hub.watch(module, functools.partial(self._imported, entry, module)))
 
     def _imported(self, entry: Entry, name: str, module: types.ModuleType) -> None:
         self._on_import(entry, name)
 
     def _on_import(self, entry: Entry, module: str) -> None:
         with self.ledger.lock:
-            handle = entry.watching.pop(module, None)
+            handle = entry.watching.pop(module, None) if entry.watching else None
         if handle is not None:
             hub.unwatch(handle)
         self.advance(entry)
@@ -161,71 +173,172 @@ class Installer:
         """End an entry's life with ``status`` (under the lock) and stop its watches."""
         entry.record.set(status, reason)
         entry.claimed = True
-        for handle in entry.watching.values():
-            hub.unwatch(handle)
-        entry.watching.clear()
+        if entry.watching:
+            for handle in entry.stop_watching():
+                hub.unwatch(handle)
 
     # ------------------------------------------------------------------ installing
 
+    def install_ready(self, entries: list[Entry]) -> None:
+        """Advance many entries at once (apply()): those whose target is a loaded global in a batch.
+
+        apply() installs hundreds of patches on modules already imported. Those whose
+        target is a module global of a loaded module are found, claimed and recorded
+        under one lock for the whole batch (instead of three per entry); their
+        replacements are built and installed outside it, as always. Everything else
+        -- dependencies, other slots, modules still importing, a second patch on the
+        same slot -- goes the one-by-one way of :meth:`advance`, after the batch.
+        """
+        if _module_locks():  # an import is in progress: modules may be initializing
+            for entry in entries:
+                self.advance(entry)
+            return
+        ready: list[tuple[Entry, Slot]] = []
+        later: list[Entry] = []
+        slots: set[tuple[int, str]] = set()
+        with self.ledger.lock:
+            for entry in entries:
+                patch = entry.patch
+                found = None
+                if not (entry.deps or patch.after_import or patch.create):
+                    found = resolve_global(patch.path)
+                if found is None:
+                    later.append(entry)
+                    continue
+                key = (id(found.owner), found.key)
+                if key in slots:
+                    later.append(entry)
+                elif self._claim(entry):
+                    ready.append((entry, found))
+                    slots.add(key)
+        self._snapshot = None
+        staged: list[tuple[Entry, Slot, Any]] = []
+        failure: PatchError | None = None
+        for entry, slot in ready:
+            try:
+                staged.append((entry, slot, self._put_in(entry, slot)))
+            except PatchError as exc:  # strict: raised once the others are recorded
+                failure = failure or exc
+        immediate = self.applying_thread == threading.get_ident()
+        with self.ledger.lock:
+            committed = [self._commit(entry, slot, raw, immediate) for entry, slot, raw in staged]
+        for (entry, slot, raw), done in zip(staged, committed, strict=True):
+            if not done or entry.dependents or entry.alias_sites or _may_be_lazy(entry.new_inner):
+                self._after_install(entry, slot, raw, done)
+        if failure is not None:
+            raise failure
+        for entry in later:
+            self.advance(entry)
+
     def _install(self, entry: Entry, slot: Slot) -> None:
         with self.ledger.lock:
-            if not entry.open:
+            if not self._claim(entry):
                 return
-            entry.claimed = True
-            for handle in entry.watching.values():
+        self._snapshot = None
+        raw = self._put_in(entry, slot)
+        immediate = self.applying_thread == threading.get_ident()
+        with self.ledger.lock:
+            done = self._commit(entry, slot, raw, immediate)
+        self._after_install(entry, slot, raw, done)
+
+    def _claim(self, entry: Entry) -> bool:
+        """Under the lock: make ``entry`` this thread's to install (False: someone else's)."""
+        if entry.claimed or entry.record.status is not PENDING:
+            return False
+        entry.claimed = True
+        if entry.watching:
+            for handle in entry.stop_watching():
                 hub.unwatch(handle)
-            entry.watching.clear()
+        return True
+
+    def _put_in(self, entry: Entry, slot: Slot) -> Any:
+        """Run the precheck, build the replacement, put it in the slot; return what went in.
+
+        A skip or a failure ends the entry and returns _NOT_INSTALLED; in strict mode a
+        failure raises PatchError (after the entry is ended).
+        """
         patch = entry.patch
         try:
             original_raw = slot.raw
-            original = inner_callable(original_raw)
+            original = (
+                inner_callable(original_raw) if type(original_raw) in _DESCRIPTORS else original_raw
+            )
             if original is ABSENT:  # a slot that create=True will make
                 original = None
             if patch.precheck is not None:
                 _run_precheck(patch, original)
-            replacement, new_inner = build_replacement(patch, original, entry.record.counters)
+            if patch.plain:  # an object to install as it is: nothing to build
+                replacement = new_inner = patch.replacement
+            else:
+                replacement, new_inner = build_replacement(patch, original, entry.record.counters)
             new_raw = (
                 adapt_to_descriptor(original_raw, new_inner) if slot.kind == "class" else new_inner
             )
             entry.original, entry.replacement, entry.new_inner = original, replacement, new_inner
-            modules_before = module_ids()
-            slot.install(new_raw)
-            with self.ledger.lock:
-                cancelled = entry.status is not Status.PENDING  # revert() ran meanwhile
-                if not cancelled:
-                    entry.primary.installed_now(slot, new_raw, new_inner, modules_before)
-                    self.log.append(entry.primary)
-                    entry.immediate = self.applying_thread == threading.get_ident()
-                    if entry.immediate:
-                        self.stale_candidates.append(entry)
-                    entry.record.set(Status.APPLIED, None)
-            if cancelled:
-                if slot.current() is new_raw:
-                    slot.restore()
-                entry.record.set(Status.REVERTED, "reverted while it was being installed")
-                return
-            self._watch_with_imports(entry.primary)
+            snapshot = self._snapshot
+            if snapshot is None or snapshot[0] != len(sys.modules):
+                snapshot = self._snapshot = (len(sys.modules), module_ids())
+            modules_before = snapshot[1]
+            if slot.kind == "item":
+                slot.owner[slot.key] = new_raw
+            else:
+                setattr(slot.owner, slot.key, new_raw)
         except Skip as skip:
             with self.ledger.lock:
-                self.finish(entry, Status.SKIPPED, str(skip))
+                self.finish(entry, SKIPPED, str(skip))
+            return _NOT_INSTALLED
         except Exception as exc:
             reason = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
             with self.ledger.lock:
-                self.finish(entry, Status.FAILED, f"{reason} [{who(entry)}]")
+                self.finish(entry, FAILED, f"{reason} [{who(entry)}]")
             if self._strict():
                 self.advance_dependents(entry)
                 raise PatchError(
                     f"ascend-patch (strict): could not apply {who(entry)}: {reason}"
                 ) from exc
-        if entry.status is Status.APPLIED:
-            for alias in entry.alias_sites:
-                self._advance_alias(entry, alias)
-        self.advance_dependents(entry)
+            return _NOT_INSTALLED
+        entry.modules_before = modules_before
+        return new_raw
+
+    def _commit(self, entry: Entry, slot: Slot, new_raw: Any, immediate: bool) -> bool:
+        """Under the lock: record an installation (False if revert() ran meanwhile).
+
+        ``immediate``: installed by apply() itself, on a module imported before it.
+        """
+        record = entry.record
+        if new_raw is _NOT_INSTALLED or record.status is not PENDING:
+            return False
+        entry.installed_now(slot, new_raw, entry.new_inner, entry.modules_before)
+        self.log.append(entry)
+        if immediate:
+            entry.immediate = True
+            self.stale_candidates.append(entry)
+        record.status, record.reason = APPLIED, None
+        return True
+
+    def _after_install(self, entry: Entry, slot: Slot, new_raw: Any, committed: bool) -> None:
+        if committed:
+            if _may_be_lazy(entry.new_inner):
+                self._watch_with_imports(entry)
+            if entry.alias_sites:
+                for alias in entry.alias_sites:
+                    self._advance_alias(entry, alias)
+        elif new_raw is not _NOT_INSTALLED:  # revert() ran while it was being installed
+            if slot.current() is new_raw:
+                slot.restore()
+            entry.record.set(REVERTED, "reverted while it was being installed")
+            return
+        if entry.dependents:
+            self.advance_dependents(entry)
 
     def _watch_with_imports(self, site: Site) -> None:
         """After a with_imports trampoline's first call, install the function itself."""
         inner = inner_callable(site.installed)
-        if getattr(inner, "__ascend_patch_with_imports__", None) is None:
+        try:
+            marked = "__ascend_patch_with_imports__" in inner.__dict__
+        except AttributeError:  # no __dict__: not a Python function
+            return
+        if not marked:
             return  # the common case: no with_imports trampoline, nothing to import
         from ._with_imports import lazy_imports_of
 
@@ -256,7 +369,7 @@ class Installer:
 
     def _advance_alias(self, entry: Entry, site: Site) -> None:
         path = site.path.text
-        if site.slot is not None or entry.status is not Status.APPLIED:
+        if site.slot is not None or entry.status is not APPLIED:
             return
         settle_initializing(site.path)
         found = resolve(site.path, create=entry.patch.create)
@@ -264,24 +377,24 @@ class Installer:
         if isinstance(found, Waiting):
             aliases[path] = f"pending: waiting for import of {found.module}"
             with self.ledger.lock:
-                if entry.status is not Status.APPLIED:
+                if entry.status is not APPLIED:
                     return
                 for candidate in candidate_modules(site.path, found.module):
                     key = f"alias:{path}:{candidate}"
-                    if key not in entry.watching:
+                    if entry.watching is None or key not in entry.watching:
                         callback = functools.partial(self._alias_imported, entry, site, key)
-                        entry.watching[key] = hub.watch(candidate, callback)
+                        entry.watch(key, hub.watch(candidate, callback))
             return
         self._stop_alias_watches(entry, path)
         if isinstance(found, Missing):
             aliases[path] = f"not found: {found.reason}"
             entry.record.warnings.append(f"alias {path} not found: {found.reason}")
             return
-        primary = entry.primary.slot
+        primary = entry.slot
         if primary is not None and found.owner is primary.owner and found.key == primary.key:
             aliases[path] = "same slot as the target"
             return
-        if found.raw is entry.primary.installed or inner_callable(found.raw) is entry.new_inner:
+        if found.raw is entry.installed or inner_callable(found.raw) is entry.new_inner:
             # Imported from the patched target after installation (a re-export): it
             # already holds the replacement, and revert() gives it the original back.
             aliases[path] = "applied"
@@ -304,7 +417,7 @@ class Installer:
             entry.record.warnings.append(f"alias {path} failed: {exc}")
             return
         with self.ledger.lock:
-            cancelled = entry.status is not Status.APPLIED  # revert() ran meanwhile
+            cancelled = entry.status is not APPLIED  # revert() ran meanwhile
             if not cancelled:
                 site.installed_now(found, new_raw, new_inner, modules_before)
                 self.log.append(site)
@@ -316,7 +429,7 @@ class Installer:
 
     def _alias_imported(self, entry: Entry, site: Site, key: str, module: types.ModuleType) -> None:
         with self.ledger.lock:
-            handle = entry.watching.pop(key, None)
+            handle = entry.watching.pop(key, None) if entry.watching else None
         if handle is not None:
             hub.unwatch(handle)
         self._advance_alias(entry, site)
@@ -324,8 +437,9 @@ class Installer:
     def _stop_alias_watches(self, entry: Entry, path: str) -> None:
         prefix = f"alias:{path}:"
         with self.ledger.lock:
-            keys = [k for k in entry.watching if k.startswith(prefix)]
-            handles = [entry.watching.pop(k) for k in keys]
+            watching = entry.watching or {}
+            keys = [k for k in watching if k.startswith(prefix)]
+            handles = [watching.pop(k) for k in keys]
         for handle in handles:
             hub.unwatch(handle)
 
@@ -341,12 +455,23 @@ def _run_precheck(patch: Any, original: Any) -> None:
         raise Skip("precheck returned False")
 
 
+def _may_be_lazy(inner: Any) -> bool:
+    """Whether ``inner`` may be a with_imports trampoline (a plain function's __dict__ is empty)."""
+    return type(inner) is not types.FunctionType or bool(inner.__dict__)
+
+
+def _module_locks() -> Any:
+    """importlib's table of the module locks held now (names of modules being imported)."""
+    from importlib import _bootstrap
+
+    return getattr(_bootstrap, "_module_locks", True)
+
+
 def settle_initializing(path: TargetPath) -> None:
     """Wait for modules on the path that another thread is still importing."""
-    name = ""
-    for segment in path.segments[:-1]:
-        name = f"{name}.{segment.name}" if name else segment.name
-        module = sys.modules.get(name)
+    modules = sys.modules
+    for name in path.prefixes:
+        module = modules.get(name)
         if module is None:
             return
         if initializing(module):

@@ -1,9 +1,8 @@
 """What one patcher planned and did, and the lock that guards it.
 
 The Patcher, the planner, the installer and the undo log all read and write the
-same records and entries; the ledger is where they live. It also keeps the indexes
-that make planning linear: the first live entry per target (collisions) and the
-entries per name (``after`` dependencies).
+same records and entries; the ledger is where they live. It also keeps the index
+that makes planning linear: the first live entry per target (collisions).
 
 Thread safety: every mutation happens under ``lock`` (re-entrant), held only for
 bookkeeping; no import starts and no user code runs while it is held.
@@ -28,7 +27,6 @@ class Ledger:
     """Records, warnings and entries of one patcher, with their indexes."""
 
     __slots__ = (
-        "by_name",
         "by_target",
         "entries",
         "hooks",
@@ -48,8 +46,6 @@ class Ledger:
         self.legacy: list[LegacyState] = []
         #: First live entry per normalized target or alias path.
         self.by_target: dict[str, Entry] = {}
-        #: Entries per name (patch name, target, group).
-        self.by_name: dict[str, list[Entry]] = {}
 
     def warn(self, message: str) -> None:
         with self.lock:
@@ -70,10 +66,6 @@ class Ledger:
             return None
         return entry
 
-    def index(self, entry: Entry) -> None:
-        for name in entry.names:
-            self.by_name.setdefault(name, []).append(entry)
-
     def clear(self) -> tuple[list[Entry], list[HookState], list[LegacyState]]:
         """Forget every entry (revert): return what was there."""
         with self.lock:
@@ -81,7 +73,6 @@ class Ledger:
             hooks, self.hooks = self.hooks, []
             legacy, self.legacy = self.legacy, []
             self.by_target = {}
-            self.by_name = {}
         return entries, hooks, legacy
 
     def take_report(self) -> tuple[list[Record], list[str]]:

@@ -23,7 +23,10 @@ from ._metadata import metadata
 from ._patch import AtomicPatch
 from ._plan import Declared
 from ._plan import plan
-from ._report import Status
+from ._report import APPLIED
+from ._report import FAILED
+from ._report import PENDING
+from ._report import SKIPPED
 from ._requires import check_requirement
 
 
@@ -48,17 +51,17 @@ class HookRunner:
 
     def start_hook(self, state: HookState) -> None:
         """Watch the hook's pattern; visit matching modules already imported."""
-        if state.record.status is not Status.PENDING:
+        if state.record.status is not PENDING:
             return
         for requirement in state.requires:
             ok, why = check_requirement(requirement, metadata)
             if not ok:
-                state.record.set(Status.SKIPPED, f"requires {requirement}: {why}")
+                state.record.set(SKIPPED, f"requires {requirement}: {why}")
                 return
         state.handle = hub.watch_pattern(
             state.hook.pattern, functools.partial(self._visit_hook, state)
         )
-        state.record.set(Status.APPLIED, "watching")
+        state.record.set(APPLIED, "watching")
         from ._stale import loaded_modules
 
         for name, module in sorted(loaded_modules().items(), key=lambda kv: kv[0]):
@@ -69,7 +72,7 @@ class HookRunner:
         self.visit(state, module)
 
     def visit(self, state: HookState, module: types.ModuleType) -> None:
-        if id(module) in state.visited or state.record.status is not Status.APPLIED:
+        if id(module) in state.visited or state.record.status is not APPLIED:
             return
         state.visited.add(id(module))
         name = getattr(module, "__name__", "?")
@@ -97,16 +100,16 @@ class HookRunner:
         )
         for entry in found.entries:
             self._installer.advance(entry)
-        state.record.set(Status.APPLIED, f"watching; visited {state.modules} module(s)")
+        state.record.set(APPLIED, f"watching; visited {state.modules} module(s)")
 
     # ------------------------------------------------------------------ 1.0 patches
 
     def start_legacy(self, state: LegacyState) -> None:
-        if state.record.status in (Status.SKIPPED, Status.FAILED):
+        if state.record.status in (SKIPPED, FAILED):
             return
         module_name = state.patch.target_module
         assert module_name is not None
-        state.record.set(Status.PENDING, f"waiting for import of {module_name}")
+        state.record.set(PENDING, f"waiting for import of {module_name}")
         state.handle = hub.when_imported(module_name, functools.partial(self._run_legacy, state))
 
     def _run_legacy(self, state: LegacyState, module: types.ModuleType) -> None:
@@ -118,10 +121,10 @@ class HookRunner:
         try:
             state.patch.func(module, state.patch.options)
         except Exception as exc:
-            state.record.set(Status.FAILED, f"{type(exc).__name__}: {exc}")
+            state.record.set(FAILED, f"{type(exc).__name__}: {exc}")
             if self._strict():
                 raise PatchError(
                     f"ascend-patch (strict): legacy patch {state.patch.name!r} failed: {exc}"
                 ) from exc
             return
-        state.record.set(Status.APPLIED, None)
+        state.record.set(APPLIED, None)

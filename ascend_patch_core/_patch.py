@@ -138,6 +138,13 @@ class AtomicPatch:
         self.create = bool(create)
         self.rebind = rebind
         self.name = name or target
+        #: The replacement is installed exactly as given (no import, wrapper or check).
+        self.plain = (
+            replacement is not None
+            and not isinstance(replacement, str)
+            and replacement_wrapper is None
+            and runtime_check is None
+        )
 
     def __repr__(self) -> str:
         return f"AtomicPatch({self.target!r})"

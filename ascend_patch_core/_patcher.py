@@ -37,11 +37,13 @@ from ._plan import known_names
 from ._plan import plan
 from ._plan import unknown_names
 from ._registry import PluginSelection
+from ._report import APPLIED
+from ._report import FAILED
+from ._report import SKIPPED
 from ._report import USER
 from ._report import InstalledPatch
 from ._report import Record
 from ._report import Report
-from ._report import Status
 from ._sources import PluginDeclarations
 from ._sources import load_declarations
 
@@ -176,12 +178,12 @@ class Patcher:
 
         for entry in reversed(victims):
             with self._ledger.lock:
-                sites = [s for s in (entry.primary, *entry.alias_sites) if s.slot is not None]
+                sites = [s for s in (entry, *entry.alias_sites) if s.slot is not None]
                 for site in sites:
                     if site in self._installer.log:
                         self._installer.log.remove(site)
-                was_applied = entry.status is Status.APPLIED
-                self._installer.finish(entry, Status.SKIPPED, "disabled after apply()")
+                was_applied = entry.status is APPLIED
+                self._installer.finish(entry, SKIPPED, "disabled after apply()")
             if was_applied:
                 for site in reversed(sites):
                     restore_site(site, self._ledger.warn)
@@ -339,7 +341,7 @@ class Patcher:
         from ._with_imports import lazy_imports_of
 
         with self._ledger.lock:
-            applied = [e for e in self._ledger.entries if e.status is Status.APPLIED]
+            applied = [e for e in self._ledger.entries if e.status is APPLIED]
         out = []
         for entry in applied:
             replacement = inner_callable(entry.replacement)
@@ -441,8 +443,7 @@ class Patcher:
             self._hooks = HookRunner(
                 self._installer, lambda: frozenset(self._disabled), lambda: self._strict
             )
-        for entry in planned.entries:
-            self._installer.advance(entry)
+        self._installer.install_ready(planned.entries)
         for hook in planned.hooks:
             self._hooks.start_hook(hook)
         for state in planned.legacy:
@@ -462,7 +463,7 @@ class Patcher:
     def _raise_if_strict_failed(self) -> None:
         if not self._strict:
             return
-        failed = [r for r in self.report.records if r.status is Status.FAILED]
+        failed = [r for r in self.report.records if r.status is FAILED]
         if failed:
             raise PatchError(
                 "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
@@ -479,6 +480,8 @@ class Patcher:
             )
 
     def _check_unknown_names(self, groups: dict[str, Any], plugin_names: set[str]) -> None:
+        if not (self._disabled or self._enabled):
+            return
         known = known_names(self._ledger, (g for g, _ in groups.values()), plugin_names)
         for switch, names in (("disable()", self._disabled), ("enable()", self._enabled)):
             for name in unknown_names(names, known):
@@ -502,11 +505,11 @@ class Patcher:
         )
         current = os.environ.get(setting.name)
         if current is not None:
-            record.set(Status.SKIPPED, f"the user set {setting.name}={current}")
+            record.set(SKIPPED, f"the user set {setting.name}={current}")
         else:
             os.environ[setting.name] = setting.value
             self._env_set.append((setting.name, setting.value))
-            record.set(Status.APPLIED, setting.why or None)
+            record.set(APPLIED, setting.why or None)
         with self._ledger.lock:
             self._ledger.records.append(record)
 
@@ -525,8 +528,8 @@ class Patcher:
             except Exception as exc:
                 if self._strict or isinstance(exc, PatchDefinitionError):
                     raise
-                record = Record("setting", ", ".join(settings), ", ".join(settings), Status.FAILED)
-                record.set(Status.FAILED, f"{type(exc).__name__}: {exc}")
+                record = Record("setting", ", ".join(settings), ", ".join(settings), FAILED)
+                record.set(FAILED, f"{type(exc).__name__}: {exc}")
                 with self._ledger.lock:
                     self._ledger.records.append(record)
                 continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ._entries import NOT_APPLIED
 from ._entries import Entry
 from ._entries import HookState
 from ._entries import LegacyState
@@ -37,6 +38,10 @@ from ._patch import AtomicPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patch import PatchLike
+from ._report import FAILED
+from ._report import PENDING
+from ._report import REVERTED
+from ._report import SKIPPED
 from ._report import CallCounters
 from ._report import Provenance
 from ._report import Record
@@ -75,9 +80,11 @@ class Declared:
 class Plan:
     """What planning produced; everything in it is already in the ledger."""
 
-    __slots__ = ("collisions", "entries", "groups", "hooks", "legacy", "missing_after")
+    __slots__ = ("collisions", "entries", "groups", "hooks", "legacy", "missing_after", "records")
 
     def __init__(self) -> None:
+        #: Every record made, in declaration order (groups, patches, hooks, 1.0 patches).
+        self.records: list[Record] = []
         #: Dependency-ordered; open ones are to be installed, the others carry their verdict.
         self.entries: list[Entry] = []
         self.hooks: list[HookState] = []
@@ -114,33 +121,34 @@ def plan(
     result = Plan()
     answers: dict[str, tuple[bool, str]] = {}
     entries: list[Entry] = []
-    seen: set[int] = set()
+    seen: set[type[Patch]] = set()
     for declaration in declared:
         item = declaration.item
-        if id(item) in seen:
-            continue  # the same object declared twice (a plugin's group added again by the user)
-        seen.add(id(item))
         if isinstance(item, type):
+            if item in seen:
+                continue  # a plugin's group the user added too: one group, enabled
+            seen.add(item)
             _plan_group(
                 declaration, item, ledger, meta, answers, result, disabled, enabled, dry_run
             )
         elif isinstance(item, AtomicPatch):
             result.entries.append(
-                _new_entry(item, declaration.group, (), declaration.provenance, ledger)
+                _new_entry(item, declaration.group, (), declaration.provenance, result)
             )
         elif isinstance(item, ModuleHook):
-            result.hooks.append(_new_hook(item, declaration.provenance, None, ledger, disabled))
+            result.hooks.append(_new_hook(item, declaration.provenance, None, result, disabled))
         else:
-            result.legacy.append(_new_legacy(item, declaration.provenance, ledger, disabled))
+            result.legacy.append(_new_legacy(item, declaration.provenance, result, disabled))
+    with ledger.lock:
+        ledger.records.extend(result.records)
     entries = result.entries
-    for entry in entries:
-        if entry.names & disabled:
-            entry.record.set(Status.SKIPPED, "disabled")
+    if disabled:
+        for entry in entries:
+            if entry.names & disabled:
+                entry.record.set(SKIPPED, "disabled")
     _check_requirements(entries, meta, answers)
     _check_collisions(entries, ledger, result, strict)
     _link_dependencies(entries, ledger, result)
-    for entry in entries:
-        ledger.index(entry)
     result.entries = dependency_order(entries)
     ledger.add(result.entries, result.hooks, result.legacy)
     return result
@@ -161,47 +169,44 @@ def _plan_group(
 
     def group_record(status: Status, reason: str) -> None:
         record = Record("group", group.name, group.name, status, reason, group.name, provenance)
-        with ledger.lock:
-            ledger.records.append(record)
+        result.records.append(record)
 
     result.groups[group.name] = (group, provenance)
     if group.name in disabled or (group.legacy_name or "") in disabled:
-        group_record(Status.SKIPPED, "disabled")
+        group_record(SKIPPED, "disabled")
         return
     # A group the user added is wanted, opt-in or not; a plugin's needs the switch.
     if group.opt_in and provenance.plugin is not None and not enabled_by(group, enabled):
         group_record(
-            Status.SKIPPED,
+            SKIPPED,
             f"opt-in: enable it with ASCEND_PATCH_ENABLE={group.name} or Patcher.enable({group.name!r})",
         )
         return
     try:
         requires = group.normalized_requires()
     except PatchDefinitionError as exc:
-        group_record(Status.FAILED, str(exc))
+        group_record(FAILED, str(exc))
         return
     if not dry_run:
         for text in requires:
             ok, why = _answer(text, meta, answers)
             if not ok:
-                group_record(Status.SKIPPED, f"requires {text}: {why}")
+                group_record(SKIPPED, f"requires {text}: {why}")
                 return
     try:
         children = list(group.patches(declaration.options))
     except Exception as exc:
-        group_record(
-            Status.FAILED, f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}"
-        )
+        group_record(FAILED, f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}")
         return
     for child in children:
         if isinstance(child, AtomicPatch):
             result.entries.append(
-                _new_entry(child, group.name, tuple(group.after), provenance, ledger, requires)
+                _new_entry(child, group.name, tuple(group.after), provenance, result, requires)
             )
         elif isinstance(child, ModuleHook):
-            result.hooks.append(_new_hook(child, provenance, group, ledger, disabled, requires))
+            result.hooks.append(_new_hook(child, provenance, group, result, disabled, requires))
         else:
-            group_record(Status.FAILED, f"{group.__qualname__}.patches() returned {child!r}")
+            group_record(FAILED, f"{group.__qualname__}.patches() returned {child!r}")
 
 
 def _new_entry(
@@ -209,15 +214,14 @@ def _new_entry(
     group_name: str | None,
     group_after: tuple[str, ...],
     provenance: Provenance,
-    ledger: Ledger,
+    result: Plan,
     requires: tuple[str, ...] = (),
 ) -> Entry:
-    record = Record("patch", patch.name, patch.target, group=group_name, provenance=provenance)
+    record = Record("patch", patch.name, patch.target, PENDING, None, group_name, provenance)
     entry = Entry(patch, record, group_name, provenance, requires=requires, after=group_after)
     if patch.runtime_check is not None:
         record.counters = CallCounters()
-    with ledger.lock:
-        ledger.records.append(record)
+    result.records.append(record)
     return entry
 
 
@@ -225,7 +229,7 @@ def _new_hook(
     hook: ModuleHook,
     provenance: Provenance,
     group: type[Patch] | None,
-    ledger: Ledger,
+    result: Plan,
     disabled: frozenset[str],
     requires: tuple[str, ...] = (),
 ) -> HookState:
@@ -233,25 +237,21 @@ def _new_hook(
     record = Record("hook", hook.name, hook.pattern, group=group_name, provenance=provenance)
     state = HookState(hook, record, provenance, group_name, requires)
     if hook.name in disabled or (group_name is not None and group_name in disabled):
-        record.set(Status.SKIPPED, "disabled")
-    with ledger.lock:
-        ledger.records.append(record)
+        record.set(SKIPPED, "disabled")
+    result.records.append(record)
     return state
 
 
 def _new_legacy(
-    patch: Any, provenance: Provenance, ledger: Ledger, disabled: frozenset[str]
+    patch: Any, provenance: Provenance, result: Plan, disabled: frozenset[str]
 ) -> LegacyState:
     record = Record("legacy", patch.name, patch.target_module or "?", provenance=provenance)
     state = LegacyState(patch, record, provenance)
     if patch.name in disabled:
-        record.set(Status.SKIPPED, "disabled")
+        record.set(SKIPPED, "disabled")
     elif not patch.target_module:
-        record.set(
-            Status.FAILED, "LegacyPatch needs target_module (use PatcherBuilder.add_module_patch)"
-        )
-    with ledger.lock:
-        ledger.records.append(record)
+        record.set(FAILED, "LegacyPatch needs target_module (use PatcherBuilder.add_module_patch)")
+    result.records.append(record)
     return state
 
 
@@ -270,13 +270,13 @@ def _check_requirements(
     entries: list[Entry], meta: MetadataCache, answers: dict[str, tuple[bool, str]]
 ) -> None:
     for entry in entries:
-        for text in entry.requires:
-            ok, why = _answer(text, meta, answers)
-            entry.verdicts.append((text, ok, why))
+        if not entry.requires:
+            continue
+        entry.verdicts = [(text, *_answer(text, meta, answers)) for text in entry.requires]
         if entry.open:
             unmet = next((v for v in entry.verdicts if not v[1]), None)
             if unmet is not None:
-                entry.record.set(Status.SKIPPED, f"requires {unmet[0]}: {unmet[2]}")
+                entry.record.set(SKIPPED, f"requires {unmet[0]}: {unmet[2]}")
 
 
 def _check_collisions(entries: list[Entry], ledger: Ledger, result: Plan, strict: bool) -> None:
@@ -284,10 +284,12 @@ def _check_collisions(entries: list[Entry], ledger: Ledger, result: Plan, strict
     for entry in entries:
         if not entry.open:
             continue
-        for path in (entry.patch.target, *entry.patch.aliases):
-            key = norm_target(path)
-            first = ledger.holder_of(path)
-            if first is None:
+        patch = entry.patch
+        paths = (patch.path, *patch.alias_paths) if patch.alias_paths else (patch.path,)
+        for target in paths:
+            path, key = target.text, target.key
+            first = by_target.get(key)
+            if first is None or first.record.status in NOT_APPLIED:
                 by_target[key] = entry
                 continue
             if first is entry:
@@ -310,11 +312,15 @@ def _link_dependencies(entries: list[Entry], ledger: Ledger, result: Plan) -> No
     for entry in entries:
         for name in entry.names:
             new_names.setdefault(name, []).append(entry)
+    old_names: dict[str, list[Entry]] = {}
+    with ledger.lock:
+        for entry in ledger.entries:
+            if entry.status is not REVERTED:
+                for name in entry.names:
+                    old_names.setdefault(name, []).append(entry)
     for entry in entries:
         for name in entry.after:
-            candidates = [
-                e for e in ledger.by_name.get(name, ()) if e.status is not Status.REVERTED
-            ] + new_names.get(name, [])
+            candidates = old_names.get(name, []) + new_names.get(name, [])
             found = [
                 d
                 for d in candidates
@@ -324,17 +330,15 @@ def _link_dependencies(entries: list[Entry], ledger: Ledger, result: Plan) -> No
                 result.missing_after.append((entry, name))
                 if entry.open:
                     entry.record.set(
-                        Status.FAILED, f"after={name!r} names no patch or group of this patcher"
+                        FAILED, f"after={name!r} names no patch or group of this patcher"
                     )
                 break
             for dep in found:
-                if dep not in entry.deps:
-                    entry.deps.append(dep)
-                    dep.dependents.append(entry)
+                entry.depends_on(dep)
     # A dependency cycle can never be satisfied: fail its members instead of waiting forever.
     for entry in entries:
         if entry.open and entry.deps and in_cycle(entry):
-            entry.record.set(Status.FAILED, "dependency cycle through 'after'")
+            entry.record.set(FAILED, "dependency cycle through 'after'")
 
 
 def conflicting_groups(
@@ -372,9 +376,9 @@ def known_names(
 
     known: set[str] = set(extra)
     with ledger.lock:
-        known.update(ledger.by_name)
         for entry in ledger.entries:
-            known |= {norm_target(entry.patch.target)}
+            known |= entry.names
+            known.add(norm_target(entry.patch.target))
         known |= {h.hook.name for h in ledger.hooks}
         known |= {lg.patch.name for lg in ledger.legacy}
         for record in ledger.records:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ._entries import own_modules
-from ._report import Status
+from ._report import APPLIED
 
 
 if TYPE_CHECKING:
@@ -72,8 +72,11 @@ def module_ids() -> frozenset[int]:
     locks = getattr(_bootstrap, "_module_locks", None)
     loaded = loaded_modules()
     if isinstance(locks, dict):
-        busy = set(locks)
-        found = frozenset(id(m) for name, m in loaded.items() if name not in busy)
+        if locks:
+            busy = set(locks)
+            found = frozenset(id(m) for name, m in loaded.items() if name not in busy)
+        else:  # no import in progress: every module counts (one C-level pass)
+            found = frozenset(map(id, loaded.values()))
     else:  # pragma: no cover - a Python without the private lock table
         found = frozenset(
             id(m)
@@ -137,9 +140,9 @@ def report_stale(entries: list[Entry], rebind_stale: bool) -> None:
     candidates = [
         e
         for e in entries
-        if e.status is Status.APPLIED
-        and e.primary.slot is not None
-        and e.primary.slot.kind == "module"
+        if e.status is APPLIED
+        and e.slot is not None
+        and e.slot.kind == "module"
         and e.original is not None
         and not isinstance(e.original, (types.ModuleType, int, float, str, bool))
     ]
@@ -147,10 +150,7 @@ def report_stale(entries: list[Entry], rebind_stale: bool) -> None:
         return
     originals = {id(e.original): e.original for e in candidates}
     exclude = {
-        id(s.slot.owner)
-        for e in candidates
-        for s in (e.primary, *e.alias_sites)
-        if s.slot is not None
+        id(s.slot.owner) for e in candidates for s in (e, *e.alias_sites) if s.slot is not None
     }
     holders = find_holders(originals, exclude, own_modules(candidates))
     for entry in candidates:
@@ -163,7 +163,9 @@ def report_stale(entries: list[Entry], rebind_stale: bool) -> None:
             label = f"{module.__name__}.{name}"
             if rebind:
                 setattr(module, name, entry.new_inner)
-                entry.primary.rebinds.append((module, name, entry.original))
+                if entry.rebinds is None:
+                    entry.rebinds = []
+                entry.rebinds.append((module, name, entry.original))
                 record.rebound_holders.append(label)
             else:
                 record.stale_holders.append(label)

@@ -69,7 +69,7 @@ class Segment(Value):
 class TargetPath(Value):
     """A parsed target path."""
 
-    __slots__ = ("module", "segments", "text")
+    __slots__ = ("key", "module", "prefixes", "segments", "text")
     _fields = ("text", "module", "segments")
 
     def __init__(self, text: str, module: str | None, segments: tuple[Segment, ...]) -> None:
@@ -77,6 +77,19 @@ class TargetPath(Value):
         #: Set when the path says where the module ends (``mod.sub:Attr``).
         self.module = module
         self.segments = segments
+        #: The path as one dotted name (``pkg.mod:Cls.f`` -> ``pkg.mod.Cls.f``): what
+        #: two patches on the same slot have in common.
+        self.key = text.replace(":", ".")
+        #: Dotted names of the path's leading segments (``pkg``, ``pkg.mod``, ...), up to
+        #: the first mapping key, without the last segment: the modules it may pass through.
+        prefixes: list[str] = []
+        name = ""
+        for segment in segments[:-1]:
+            if segment.is_key:
+                break
+            name = f"{name}.{segment.name}" if name else segment.name
+            prefixes.append(name)
+        self.prefixes = tuple(prefixes)
 
     def __repr__(self) -> str:
         return f"TargetPath({self.text!r})"
@@ -238,10 +251,35 @@ class Slot:
 ABSENT = object()
 
 
+def resolve_global(path: TargetPath) -> Slot | None:
+    """The slot of a module global in a loaded module, or None when the path is not one.
+
+    The common case of :func:`resolve`, answered from ``sys.modules`` alone (no file
+    system probe): the full walk would reach this very module, since a loaded
+    submodule wins at every step.
+    """
+    segments = path.segments
+    prefixes = path.prefixes
+    last = segments[-1]
+    if len(prefixes) != len(segments) - 1 or last.is_key:
+        return None
+    owner = sys.modules.get(prefixes[-1])
+    if not isinstance(owner, types.ModuleType):
+        return None
+    namespace = vars(owner)
+    if last.name not in namespace:
+        return None
+    return Slot("module", owner, last.name, namespace[last.name], True, prefixes[-1])
+
+
 def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missing:
     """Find the slot ``path`` names, reading only what is already imported."""
+    found = resolve_global(path)
+    if found is not None:
+        return found
     modules = sys.modules
     segments = path.segments
+    prefixes = path.prefixes
     name = segments[0].name
     obj = modules.get(name)
     if obj is None:
@@ -253,7 +291,11 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
         seg = segments[index]
         last = index == len(segments) - 1
         if isinstance(obj, types.ModuleType) and not seg.is_key:
-            child_name = f"{module_name}.{seg.name}"
+            child_name = (
+                prefixes[index]
+                if index < len(prefixes) and module_name == prefixes[index - 1]
+                else f"{module_name}.{seg.name}"
+            )
             if index < explicit_depth:
                 child = modules.get(child_name)
                 if child is None:
@@ -422,11 +464,7 @@ def resolve_string(path: str) -> Any:
 def initializing_prefixes(path: TargetPath) -> list[str]:
     """Modules on ``path`` that are imported but still running their body."""
     names: list[str] = []
-    name = ""
-    for segment in path.segments[:-1]:
-        if segment.is_key:
-            break
-        name = f"{name}.{segment.name}" if name else segment.name
+    for name in path.prefixes:
         module = sys.modules.get(name)
         if module is None:
             break

@@ -18,8 +18,10 @@ from ._entries import Entry
 from ._entries import Site
 from ._entries import own_modules
 from ._hub import hub
+from ._report import APPLIED
+from ._report import PENDING
+from ._report import REVERTED
 from ._report import Record
-from ._report import Status
 from ._stale import find_holders
 from ._stale import loaded_modules
 
@@ -39,10 +41,10 @@ def restore_site(site: Site, warn: Callable[[str], None]) -> None:
     slot = site.slot
     if slot is None:
         return
-    for module, name, original in reversed(site.rebinds):
+    for module, name, original in reversed(site.rebinds or ()):
         if vars(module).get(name) is site.installed_inner:
             setattr(module, name, original)
-    site.rebinds.clear()
+    site.rebinds = None
     if slot.current() is site.installed:
         slot.restore()
     else:
@@ -72,7 +74,7 @@ def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
         slots.add((id(slot.owner), slot.key))
         if slot.kind != "module" or not slot.own:
             continue
-        for inner, modules_before in site.history:
+        for inner, modules_before in site.history():
             if callable(inner):
                 wanted[id(inner)] = (inner, slot.raw, modules_before)
                 snapshots[id(modules_before)] = modules_before
@@ -115,36 +117,35 @@ def revert_all(
         # one (an import finishing right now) sees it reverted and stops, and one that
         # is installing undoes its own installation (see Installer._install).
         for entry in entries:
-            if entry.status is Status.APPLIED:
-                entry.record.set(Status.REVERTED, None)
-            elif entry.status is Status.PENDING:
-                entry.record.set(Status.REVERTED, "reverted before its target was imported")
+            if entry.status is APPLIED:
+                entry.record.set(REVERTED, None)
+            elif entry.status is PENDING:
+                entry.record.set(REVERTED, "reverted before its target was imported")
             entry.claimed = True
-            for handle in entry.watching.values():
+            for handle in entry.stop_watching():
                 hub.unwatch(handle)
-            entry.watching.clear()
     for hook in hooks:
         if hook.handle is not None:
             hub.unwatch(hook.handle)
             hook.handle = None
-        if hook.record.status is Status.APPLIED:
-            hook.record.set(Status.REVERTED, None)
+        if hook.record.status is APPLIED:
+            hook.record.set(REVERTED, None)
     restore_late_holders(log, entries)
     for site in reversed(log):
         restore_site(site, ledger.warn)
     for state in legacy:
         if state.handle is not None:
             hub.unwatch(state.handle)
-        if state.record.status is Status.APPLIED:
-            state.record.set(Status.APPLIED, "a legacy patch function cannot be reverted")
+        if state.record.status is APPLIED:
+            state.record.set(APPLIED, "a legacy patch function cannot be reverted")
             ledger.warn(f"legacy patch {state.patch.name!r} cannot be reverted; its changes remain")
     for session in reversed(sessions):
         session.undo()
     for rule, record in reversed(rules):
         for warning in rule.deactivate():
             ledger.warn(warning)
-        if record.status in (Status.APPLIED, Status.PENDING):
-            record.set(Status.REVERTED, None)
+        if record.status in (APPLIED, PENDING):
+            record.set(REVERTED, None)
     for name, value in reversed(env_set):
         if os.environ.get(name) == value:
             del os.environ[name]
