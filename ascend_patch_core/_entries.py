@@ -117,12 +117,10 @@ class Entry(Site):
         "claimed",
         "dependents",
         "deps",
-        "group",
         "immediate",
         "new_inner",
         "original",
         "patch",
-        "provenance",
         "record",
         "replacement",
         "requires",
@@ -130,55 +128,63 @@ class Entry(Site):
         "watching",
     )
 
+    #: Owned by the thread installing it (from the claim until the end of its life).
+    claimed: bool
+    #: Installed while apply() ran (module imported earlier): stale references possible.
+    immediate: bool
+    #: Requirements checked, with their answers: (text, satisfied, explanation).
+    verdicts: list[tuple[str, bool, str]] | tuple[()]
+    #: The entries it waits for (``after=``), and those waiting for it.
+    deps: list[Entry] | tuple[()]
+    dependents: list[Entry] | tuple[()]
+    #: Import-hub handles by what they wait for; None while nothing is watched.
+    watching: dict[str, Any] | None
+    original: Any
+    #: The replacement as resolved and wrapped, before any runtime_check wrapper.
+    replacement: Any
+    #: What sits in the slot (inside a descriptor): the replacement or its runtime_check wrapper.
+    new_inner: Any
+
     def __init__(
         self,
         patch: AtomicPatch,
         record: Record,
-        group: str | None,
-        provenance: Provenance,
         *,
         requires: tuple[str, ...] = (),
         after: tuple[str, ...] = (),
     ) -> None:
         # The most patches a plugin declares go through here: keep it to assignments
         # (containers that most entries never need are made on first use).
-        self.path = patch.path
-        self.slot = None
-        self.installed = self.installed_inner = None
-        self.modules_before = _NO_MODULES
-        self.earlier = self.rebinds = None
         self.patch = patch
+        #: Its record: status, reason, group and provenance live there.
         self.record = record
-        self.group = group
-        self.provenance = provenance
         #: The patch's own requirements, then its group's.
         self.requires = (*patch.requires, *requires) if requires else patch.requires
         #: The patch's own ``after`` names, then its group's.
         self.after = (*patch.after, *after) if after else patch.after
-        #: Every requirement checked, with its answer: (text, satisfied, explanation).
-        self.verdicts: list[tuple[str, bool, str]] | tuple[()] = ()
-        #: Owned by the thread installing it (from the claim until the end of its life).
-        self.claimed = False
-        self.deps: list[Entry] | tuple[()] = ()
-        self.dependents: list[Entry] | tuple[()] = ()
-        #: Import-hub handles by what they wait for; None while nothing is watched.
-        self.watching: dict[str, Any] | None = None
         self.alias_sites = [Site(p) for p in patch.alias_paths] if patch.alias_paths else ()
-        self.original: Any = None
-        #: The replacement as resolved and wrapped, before any runtime_check wrapper.
-        self.replacement: Any = None
-        #: What sits in the target's slot (inside a descriptor): the replacement, or its
-        #: runtime_check wrapper.
-        self.new_inner: Any = None
-        #: Installed while apply() ran (module imported earlier): stale references possible.
-        self.immediate = False
+        self.path = patch.path
+        self.claimed = self.immediate = False
+        self.verdicts = self.deps = self.dependents = ()
+        self.watching = self.original = self.replacement = self.new_inner = None
+        self.slot = self.installed = self.installed_inner = self.earlier = self.rebinds = None
+        self.modules_before = _NO_MODULES
+
+    @property
+    def group(self) -> str | None:
+        return self.record.group
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.record.provenance
 
     @property
     def names(self) -> frozenset[str]:
         """What ``disable()`` and ``after=`` may call it: patch name, target, group."""
         names = {self.patch.name, self.patch.target}
-        if self.group:
-            names.add(self.group)
+        group = self.record.group
+        if group:
+            names.add(group)
         return frozenset(names)
 
     @property

@@ -34,6 +34,7 @@ from ._hub import initializing
 from ._hub import wait_for_import
 from ._ledger import Ledger
 from ._replacement import build_replacement
+from ._replacement import wrapper_maker
 from ._report import APPLIED
 from ._report import FAILED
 from ._report import PENDING
@@ -59,6 +60,7 @@ __all__ = ["Installer"]
 #: What _put_in returns when nothing went into the slot.
 _NOT_INSTALLED = object()
 _DESCRIPTORS = (staticmethod, classmethod, property)
+_FUNCTION = types.FunctionType
 
 
 class Installer:
@@ -179,56 +181,105 @@ class Installer:
 
     # ------------------------------------------------------------------ installing
 
-    def install_ready(self, entries: list[Entry]) -> None:
+    def install_ready(self, entries: list[Entry], crowded: frozenset[int] = frozenset()) -> None:
         """Advance many entries at once (apply()): those whose target is a loaded global in a batch.
 
         apply() installs hundreds of patches on modules already imported. Those whose
-        target is a module global of a loaded module are found, claimed and recorded
-        under one lock for the whole batch (instead of three per entry); their
-        replacements are built and installed outside it, as always. Everything else
-        -- dependencies, other slots, modules still importing, a second patch on the
-        same slot -- goes the one-by-one way of :meth:`advance`, after the batch.
+        target is a module global of a loaded module are found and claimed under one
+        lock for the whole batch. If nothing is to be built for one -- an object
+        installed as given, no precheck, a plain module -- it is installed and recorded
+        right there: that runs no user code and imports nothing. The others are built
+        and installed outside the lock, as always, and recorded under one lock again.
+        Everything else -- dependencies, other slots, modules still importing, the
+        entries in ``crowded`` (ids of entries that share a target: the second wraps
+        what the first put in) -- goes the one-by-one way of :meth:`advance`, after.
         """
         if _module_locks():  # an import is in progress: modules may be initializing
             for entry in entries:
                 self.advance(entry)
             return
-        ready: list[tuple[Entry, Slot]] = []
+        to_build: list[tuple[Entry, Slot]] = []
+        follow_up: list[Entry] = []
         later: list[Entry] = []
-        slots: set[tuple[int, str]] = set()
+        immediate = self.applying_thread == threading.get_ident()
+        log, stale = self.log, self.stale_candidates
+        make_wrapper = None
         with self.ledger.lock:
+            modules_before = module_ids()
             for entry in entries:
                 patch = entry.patch
-                found = None
-                if not (entry.deps or patch.after_import or patch.create):
-                    found = resolve_global(patch.path)
-                if found is None:
+                slot = (
+                    None
+                    if entry.deps or patch.after_import or (crowded and id(entry) in crowded)
+                    else resolve_global(patch.path)
+                )
+                if slot is None or entry.claimed or entry.record.status is not PENDING:
                     later.append(entry)
                     continue
-                key = (id(found.owner), found.key)
-                if key in slots:
-                    later.append(entry)
-                elif self._claim(entry):
-                    ready.append((entry, found))
-                    slots.add(key)
+                entry.claimed = True  # fresh from planning: no watch to stop
+                owner, original, replacement = slot.owner, slot.raw, patch.replacement
+                check = patch.runtime_check
+                if not (
+                    patch.direct
+                    and type(owner) is types.ModuleType
+                    and type(original) not in _DESCRIPTORS
+                ):
+                    to_build.append((entry, slot))
+                    continue
+                if check is None:
+                    new = replacement
+                elif type(replacement) is type(original) is type(check) is _FUNCTION:
+                    # Reading three plain functions' code and defaults runs no user code.
+                    make_wrapper = make_wrapper or wrapper_maker()
+                    new = make_wrapper(check, replacement, original, entry.record.counters)
+                else:
+                    to_build.append((entry, slot))
+                    continue
+                entry.replacement, entry.new_inner, entry.original = replacement, new, original
+                setattr(owner, slot.key, new)
+                entry.slot, entry.installed, entry.installed_inner = slot, new, new
+                entry.modules_before = modules_before
+                log.append(entry)
+                if immediate:
+                    entry.immediate = True
+                    stale.append(entry)
+                record = entry.record
+                record.status, record.reason = APPLIED, None
+                if (
+                    entry.dependents
+                    or entry.alias_sites
+                    or type(new) is not _FUNCTION
+                    or "__ascend_patch_with_imports__" in new.__dict__
+                ):
+                    follow_up.append(entry)
+        for entry in follow_up:
+            self._after_install(entry, entry.slot, entry.installed, True)  # type: ignore[arg-type]
+        self._install_built(to_build, immediate)
+        for entry in later:
+            self.advance(entry)
+
+    def _install_built(self, ready: list[tuple[Entry, Slot]], immediate: bool) -> None:
+        """Build and install claimed entries outside the lock; record them under one."""
+        if not ready:
+            return
         self._snapshot = None
-        staged: list[tuple[Entry, Slot, Any]] = []
+        installed: list[Any] = []
         failure: PatchError | None = None
         for entry, slot in ready:
             try:
-                staged.append((entry, slot, self._put_in(entry, slot)))
+                installed.append(self._put_in(entry, slot))
             except PatchError as exc:  # strict: raised once the others are recorded
+                installed.append(_NOT_INSTALLED)
                 failure = failure or exc
-        immediate = self.applying_thread == threading.get_ident()
         with self.ledger.lock:
-            committed = [self._commit(entry, slot, raw, immediate) for entry, slot, raw in staged]
-        for (entry, slot, raw), done in zip(staged, committed, strict=True):
-            if not done or entry.dependents or entry.alias_sites or _may_be_lazy(entry.new_inner):
-                self._after_install(entry, slot, raw, done)
+            committed = [
+                self._commit(entry, slot, raw, immediate)
+                for (entry, slot), raw in zip(ready, installed, strict=True)
+            ]
+        for (entry, slot), raw, done in zip(ready, installed, committed, strict=True):
+            self._after_install(entry, slot, raw, done)
         if failure is not None:
             raise failure
-        for entry in later:
-            self.advance(entry)
 
     def _install(self, entry: Entry, slot: Slot) -> None:
         with self.ledger.lock:
@@ -308,7 +359,10 @@ class Installer:
         record = entry.record
         if new_raw is _NOT_INSTALLED or record.status is not PENDING:
             return False
-        entry.installed_now(slot, new_raw, entry.new_inner, entry.modules_before)
+        if entry.slot is None:  # the first installation (a later one is a with_imports swap)
+            entry.slot, entry.installed, entry.installed_inner = slot, new_raw, entry.new_inner
+        else:
+            entry.installed_now(slot, new_raw, entry.new_inner, entry.modules_before)
         self.log.append(entry)
         if immediate:
             entry.immediate = True
@@ -456,8 +510,10 @@ def _run_precheck(patch: Any, original: Any) -> None:
 
 
 def _may_be_lazy(inner: Any) -> bool:
-    """Whether ``inner`` may be a with_imports trampoline (a plain function's __dict__ is empty)."""
-    return type(inner) is not types.FunctionType or bool(inner.__dict__)
+    """Whether ``inner`` may be a with_imports trampoline (which carries a marker in its __dict__)."""
+    return (
+        type(inner) is not types.FunctionType or "__ascend_patch_with_imports__" in inner.__dict__
+    )
 
 
 def _module_locks() -> Any:

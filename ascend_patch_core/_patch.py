@@ -138,13 +138,16 @@ class AtomicPatch:
         self.create = bool(create)
         self.rebind = rebind
         self.name = name or target
-        #: The replacement is installed exactly as given (no import, wrapper or check).
-        self.plain = (
+        #: The replacement is an object, used as given: no import, no wrapper, no precheck
+        #: (a runtime_check may still be put around it).
+        self.direct = (
             replacement is not None
             and not isinstance(replacement, str)
             and replacement_wrapper is None
-            and runtime_check is None
+            and precheck is None
         )
+        #: ... and no runtime_check either: installed exactly as given.
+        self.plain = self.direct and runtime_check is None
 
     def __repr__(self) -> str:
         return f"AtomicPatch({self.target!r})"

@@ -144,7 +144,7 @@ class Patcher:
             self._item_ids.add(id(item))
             added.append(Declared(item, options, USER))
         with self._ledger.lock:
-            self._raise_conflicts([d.item for d in added])
+            self._raise_conflicts(added)
             self._items.extend(added)
             applied = self._applied
         for rule in rules:
@@ -412,7 +412,7 @@ class Patcher:
         declared = [*found.declared, *self._items]
         with self._ledger.lock:
             # Plan first: a conflict raises before anything is changed.
-            self._raise_conflicts([d.item for d in declared], existing=False)
+            self._raise_conflicts(declared, existing=False)
             planned = plan(declared, self._ledger, metadata, **self._plan_switches())
             self._check_unknown_names(planned.groups, found.plugin_names)
             self._applied = True
@@ -443,7 +443,8 @@ class Patcher:
             self._hooks = HookRunner(
                 self._installer, lambda: frozenset(self._disabled), lambda: self._strict
             )
-        self._installer.install_ready(planned.entries)
+        crowded = frozenset(id(e) for _, first, later in planned.collisions for e in (first, later))
+        self._installer.install_ready(planned.entries, crowded)
         for hook in planned.hooks:
             self._hooks.start_hook(hook)
         for state in planned.legacy:
@@ -469,10 +470,12 @@ class Patcher:
                 "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
             )
 
-    def _raise_conflicts(self, items: list[Any], existing: bool = True) -> None:
-        groups = [i for i in items if isinstance(i, type) and issubclass(i, Patch)]
+    def _raise_conflicts(self, declared: list[Declared], existing: bool = True) -> None:
+        groups = [d.item for d in declared if isinstance(d.item, type)]
         if existing:
             groups += [d.item for d in self._items if isinstance(d.item, type)]
+        if not groups:
+            return
         for name, other in conflicting_groups(groups, self._disabled)[:1]:
             raise PatchConflictError(
                 f"patch groups {name!r} and {other!r} conflict ({name}.conflicts_with names {other!r}); "

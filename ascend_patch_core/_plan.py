@@ -120,11 +120,25 @@ def plan(
     """
     result = Plan()
     answers: dict[str, tuple[bool, str]] = {}
-    entries: list[Entry] = []
     seen: set[type[Patch]] = set()
+    records, entries = result.records, result.entries
     for declaration in declared:
         item = declaration.item
-        if isinstance(item, type):
+        if type(item) is AtomicPatch:  # most declarations: made here, without a call
+            record = Record(
+                "patch",
+                item.name,
+                item.target,
+                PENDING,
+                None,
+                declaration.group,
+                declaration.provenance,
+            )
+            if item.runtime_check is not None:
+                record.counters = CallCounters()
+            records.append(record)
+            entries.append(Entry(item, record))
+        elif isinstance(item, type):
             if item in seen:
                 continue  # a plugin's group the user added too: one group, enabled
             seen.add(item)
@@ -140,8 +154,7 @@ def plan(
         else:
             result.legacy.append(_new_legacy(item, declaration.provenance, result, disabled))
     with ledger.lock:
-        ledger.records.extend(result.records)
-    entries = result.entries
+        ledger.records.extend(records)
     if disabled:
         for entry in entries:
             if entry.names & disabled:
@@ -218,7 +231,7 @@ def _new_entry(
     requires: tuple[str, ...] = (),
 ) -> Entry:
     record = Record("patch", patch.name, patch.target, PENDING, None, group_name, provenance)
-    entry = Entry(patch, record, group_name, provenance, requires=requires, after=group_after)
+    entry = Entry(patch, record, requires=requires, after=group_after)
     if patch.runtime_check is not None:
         record.counters = CallCounters()
     result.records.append(record)
@@ -282,9 +295,14 @@ def _check_requirements(
 def _check_collisions(entries: list[Entry], ledger: Ledger, result: Plan, strict: bool) -> None:
     by_target = ledger.by_target
     for entry in entries:
-        if not entry.open:
+        if entry.record.status is not PENDING:
             continue
         patch = entry.patch
+        if not patch.alias_paths:  # the common case, checked without a loop
+            first = by_target.get(patch.path.key)
+            if first is None or first.record.status in NOT_APPLIED:
+                by_target[patch.path.key] = entry
+                continue
         paths = (patch.path, *patch.alias_paths) if patch.alias_paths else (patch.path,)
         for target in paths:
             path, key = target.text, target.key

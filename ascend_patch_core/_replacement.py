@@ -8,6 +8,7 @@ choice between replacement and original around it last.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ._entries import Skip
@@ -18,7 +19,9 @@ from ._target import inner_callable
 from ._target import resolve_string
 
 
-__all__ = ["build_replacement"]
+__all__ = ["build_replacement", "wrapper_maker"]
+
+_make_wrapper: Callable[..., Any] | None = None
 
 
 def build_replacement(
@@ -58,7 +61,15 @@ def build_replacement(
     if not callable(function) or not callable(original):
         raise PatchError("runtime_check needs a callable replacement and a callable original")
     assert counters is not None
-    from ._wrappers import make_runtime_check_wrapper
-
-    wrapper = make_runtime_check_wrapper(patch.runtime_check, function, original, counters)
+    wrapper = wrapper_maker()(patch.runtime_check, function, original, counters)
     return replacement, (descriptor(wrapper) if descriptor is not None else wrapper)
+
+
+def wrapper_maker() -> Callable[..., Any]:
+    """``make_runtime_check_wrapper``: its module loads on first use, not with every apply()."""
+    global _make_wrapper
+    if _make_wrapper is None:
+        from ._wrappers import make_runtime_check_wrapper
+
+        _make_wrapper = make_runtime_check_wrapper
+    return _make_wrapper

@@ -101,17 +101,16 @@ USER = Provenance()
 class CallCounters:
     """Per-patch call counts of a ``runtime_check`` wrapper.
 
-    ``itertools.count`` is used because ``next()`` on it is a single C call: atomic
-    under the GIL and a few nanoseconds, cheap enough to leave on in production.
+    Two ``itertools.count`` objects: the wrapper advances one with ``next()``, a single
+    C call, atomic under the GIL and a few nanoseconds, cheap enough to leave on in
+    production.
     """
 
-    __slots__ = ("_fallback", "_replacement", "fallback_tick", "replacement_tick")
+    __slots__ = ("fallbacks", "replacements")
 
     def __init__(self) -> None:
-        self._replacement = itertools.count()
-        self._fallback = itertools.count()
-        self.replacement_tick = self._replacement.__next__
-        self.fallback_tick = self._fallback.__next__
+        self.replacements = itertools.count()
+        self.fallbacks = itertools.count()
 
     @staticmethod
     def _value(counter: itertools.count[int]) -> int:
@@ -120,11 +119,11 @@ class CallCounters:
 
     @property
     def replacement_calls(self) -> int:
-        return self._value(self._replacement)
+        return self._value(self.replacements)
 
     @property
     def fallback_calls(self) -> int:
-        return self._value(self._fallback)
+        return self._value(self.fallbacks)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -133,24 +132,62 @@ class CallCounters:
         }
 
 
+class _MadeOnUse:
+    """A list or dict attribute made on first use: most records never need theirs.
+
+    The value lives in the ``__slots__`` entry of the same name with a leading
+    underscore; reading and writing the attribute work as for a plain one.
+    """
+
+    __slots__ = ("factory", "slot")
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+        self.slot: Any = None
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = owner.__dict__["_" + name]
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        try:
+            return self.slot.__get__(obj, owner)
+        except AttributeError:
+            value = self.factory()
+            self.slot.__set__(obj, value)
+            return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.slot.__set__(obj, value)
+
+
 class Record:
     """The live state of one patch, rule or plugin. Updated as imports happen."""
 
     __module__ = "ascend_patch_core"
     __slots__ = (
-        "aliases",
+        "_aliases",
+        "_rebound_holders",
+        "_stale_holders",
+        "_warnings",
         "counters",
         "group",
         "kind",
         "name",
         "provenance",
         "reason",
-        "rebound_holders",
-        "stale_holders",
         "status",
         "target",
-        "warnings",
     )
+
+    #: Modules that still hold the original object (``from x import f`` made before apply).
+    stale_holders: list[str] = _MadeOnUse(list)  # type: ignore[assignment]
+    #: Holders that were rebound to the replacement (opt-in).
+    rebound_holders: list[str] = _MadeOnUse(list)  # type: ignore[assignment]
+    #: Status of each alias target, by path.
+    aliases: dict[str, str] = _MadeOnUse(dict)  # type: ignore[assignment]
+    warnings: list[str] = _MadeOnUse(list)  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -170,15 +207,8 @@ class Record:
         self.reason = reason
         self.group = group
         self.provenance = provenance
-        #: Modules that still hold the original object (``from x import f`` made before apply).
-        self.stale_holders: list[str] = []
-        #: Holders that were rebound to the replacement (opt-in).
-        self.rebound_holders: list[str] = []
-        #: Status of each alias target, by path.
-        self.aliases: dict[str, str] = {}
         #: Replacement/fallback call counts of a runtime_check patch.
         self.counters: CallCounters | None = None
-        self.warnings: list[str] = []
 
     def __repr__(self) -> str:
         return f"<Record {self.kind} {self.name!r} {self.status.value}>"

@@ -69,7 +69,7 @@ class Segment(Value):
 class TargetPath(Value):
     """A parsed target path."""
 
-    __slots__ = ("key", "module", "prefixes", "segments", "text")
+    __slots__ = ("global_module", "key", "module", "prefixes", "segments", "text")
     _fields = ("text", "module", "segments")
 
     def __init__(self, text: str, module: str | None, segments: tuple[Segment, ...]) -> None:
@@ -90,6 +90,12 @@ class TargetPath(Value):
             name = f"{name}.{segment.name}" if name else segment.name
             prefixes.append(name)
         self.prefixes = tuple(prefixes)
+        #: For a path that names a module global (every segment but the last a module
+        #: name, the last an attribute): that module's name, else None.
+        last = segments[-1]
+        self.global_module = (
+            prefixes[-1] if len(prefixes) == len(segments) - 1 and not last.is_key else None
+        )
 
     def __repr__(self) -> str:
         return f"TargetPath({self.text!r})"
@@ -258,18 +264,17 @@ def resolve_global(path: TargetPath) -> Slot | None:
     system probe): the full walk would reach this very module, since a loaded
     submodule wins at every step.
     """
-    segments = path.segments
-    prefixes = path.prefixes
-    last = segments[-1]
-    if len(prefixes) != len(segments) - 1 or last.is_key:
+    module = path.global_module
+    if module is None:
         return None
-    owner = sys.modules.get(prefixes[-1])
+    owner = sys.modules.get(module)
     if not isinstance(owner, types.ModuleType):
         return None
-    namespace = vars(owner)
-    if last.name not in namespace:
+    name = path.segments[-1].name
+    namespace = owner.__dict__
+    if name not in namespace:
         return None
-    return Slot("module", owner, last.name, namespace[last.name], True, prefixes[-1])
+    return Slot("module", owner, name, namespace[name], True, module)
 
 
 def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missing:
