@@ -45,7 +45,6 @@ from ._stale import module_ids
 from ._target import ABSENT
 from ._target import Missing
 from ._target import Slot
-from ._target import TargetPath
 from ._target import Waiting
 from ._target import adapt_to_descriptor
 from ._target import candidate_modules
@@ -53,6 +52,7 @@ from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
 from ._target import resolve_global
+from ._target import settle_initializing
 
 
 __all__ = ["Installer"]
@@ -373,10 +373,14 @@ class Installer:
     def _after_install(self, entry: Entry, slot: Slot, new_raw: Any, committed: bool) -> None:
         if committed:
             if _may_be_lazy(entry.new_inner):
-                self._watch_with_imports(entry)
+                from ._with_imports import install_when_resolved
+
+                install_when_resolved(entry, self.ledger.lock)
             if entry.alias_sites:
+                from ._aliases import advance_alias
+
                 for alias in entry.alias_sites:
-                    self._advance_alias(entry, alias)
+                    advance_alias(self, entry, alias)
         elif new_raw is not _NOT_INSTALLED:  # revert() ran while it was being installed
             if slot.current() is new_raw:
                 slot.restore()
@@ -384,118 +388,6 @@ class Installer:
             return
         if entry.dependents:
             self.advance_dependents(entry)
-
-    def _watch_with_imports(self, site: Site) -> None:
-        """After a with_imports trampoline's first call, install the function itself."""
-        inner = inner_callable(site.installed)
-        try:
-            marked = "__ascend_patch_with_imports__" in inner.__dict__
-        except AttributeError:  # no __dict__: not a Python function
-            return
-        if not marked:
-            return  # the common case: no with_imports trampoline, nothing to import
-        from ._with_imports import lazy_imports_of
-
-        state = lazy_imports_of(inner)
-        if state is None:
-            return
-        trampoline_raw = site.installed
-
-        def swap() -> None:
-            with self.ledger.lock:
-                slot = site.slot
-                if slot is None or site.installed is not trampoline_raw:
-                    return
-                if slot.current() is not trampoline_raw:
-                    return
-                new_raw = (
-                    adapt_to_descriptor(trampoline_raw, state.func)
-                    if isinstance(trampoline_raw, (staticmethod, classmethod))
-                    else state.func
-                )
-                modules_before = module_ids()
-                slot.install(new_raw)
-                site.installed_now(slot, new_raw, state.func, modules_before)
-
-        state.on_resolved.append(swap)
-
-    # ------------------------------------------------------------------ aliases
-
-    def _advance_alias(self, entry: Entry, site: Site) -> None:
-        path = site.path.text
-        if site.slot is not None or entry.status is not APPLIED:
-            return
-        settle_initializing(site.path)
-        found = resolve(site.path, create=entry.patch.create)
-        aliases = entry.record.aliases
-        if isinstance(found, Waiting):
-            aliases[path] = f"pending: waiting for import of {found.module}"
-            with self.ledger.lock:
-                if entry.status is not APPLIED:
-                    return
-                for candidate in candidate_modules(site.path, found.module):
-                    key = f"alias:{path}:{candidate}"
-                    if entry.watching is None or key not in entry.watching:
-                        callback = functools.partial(self._alias_imported, entry, site, key)
-                        entry.watch(key, hub.watch(candidate, callback))
-            return
-        self._stop_alias_watches(entry, path)
-        if isinstance(found, Missing):
-            aliases[path] = f"not found: {found.reason}"
-            entry.record.warnings.append(f"alias {path} not found: {found.reason}")
-            return
-        primary = entry.slot
-        if primary is not None and found.owner is primary.owner and found.key == primary.key:
-            aliases[path] = "same slot as the target"
-            return
-        if found.raw is entry.installed or inner_callable(found.raw) is entry.new_inner:
-            # Imported from the patched target after installation (a re-export): it
-            # already holds the replacement, and revert() gives it the original back.
-            aliases[path] = "applied"
-            return
-        try:
-            original = inner_callable(found.raw)
-            if original is ABSENT:  # create=True: the alias slot is made too
-                original = None
-            if original is entry.original:
-                new_inner = entry.new_inner
-            else:
-                new_inner = build_replacement(entry.patch, original, entry.record.counters)[1]
-            new_raw = (
-                adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
-            )
-            modules_before = module_ids()
-            found.install(new_raw)
-        except Exception as exc:
-            aliases[path] = f"failed: {exc}"
-            entry.record.warnings.append(f"alias {path} failed: {exc}")
-            return
-        with self.ledger.lock:
-            cancelled = entry.status is not APPLIED  # revert() ran meanwhile
-            if not cancelled:
-                site.installed_now(found, new_raw, new_inner, modules_before)
-                self.log.append(site)
-        if cancelled:
-            if found.current() is new_raw:
-                found.restore()
-            return
-        aliases[path] = "applied"
-
-    def _alias_imported(self, entry: Entry, site: Site, key: str, module: types.ModuleType) -> None:
-        with self.ledger.lock:
-            handle = entry.watching.pop(key, None) if entry.watching else None
-        if handle is not None:
-            hub.unwatch(handle)
-        self._advance_alias(entry, site)
-
-    def _stop_alias_watches(self, entry: Entry, path: str) -> None:
-        prefix = f"alias:{path}:"
-        with self.ledger.lock:
-            watching = entry.watching or {}
-            keys = [k for k in watching if k.startswith(prefix)]
-            handles = [watching.pop(k) for k in keys]
-        for handle in handles:
-            hub.unwatch(handle)
 
 
 def _run_precheck(patch: Any, original: Any) -> None:
@@ -521,16 +413,3 @@ def _module_locks() -> Any:
     from importlib import _bootstrap
 
     return getattr(_bootstrap, "_module_locks", True)
-
-
-def settle_initializing(path: TargetPath) -> None:
-    """Wait for modules on the path that another thread is still importing."""
-    modules = sys.modules
-    for name in path.prefixes:
-        module = modules.get(name)
-        if module is None:
-            return
-        if initializing(module):
-            # Blocks until the other thread's import finishes; returns at once if
-            # this thread is the one importing (a circular import).
-            wait_for_import(name)

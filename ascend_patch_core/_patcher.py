@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 
-from ._entries import NOT_APPLIED
-from ._entries import label
-from ._errors import PatchConflictError
+from ._activations import Activations
+from ._config import PatcherConfig
+from ._config import name_of
 from ._errors import PatchDefinitionError
 from ._errors import PatchError
 from ._installer import Installer
@@ -30,19 +30,15 @@ from ._patch import LegacyPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patch import PatchLike
-from ._patch import is_import_rule
-from ._plan import Declared
-from ._plan import conflicting_groups
+from ._plan import Plan
 from ._plan import known_names
 from ._plan import plan
 from ._plan import unknown_names
 from ._registry import PluginSelection
 from ._report import APPLIED
 from ._report import FAILED
-from ._report import SKIPPED
 from ._report import USER
 from ._report import InstalledPatch
-from ._report import Record
 from ._report import Report
 from ._sources import PluginDeclarations
 from ._sources import load_declarations
@@ -87,27 +83,16 @@ class Patcher:
         plugins: str | Iterable[str] | None = None,
         extra_plugins: Iterable[tuple[str, object]] = (),
     ) -> None:
-        self._autoload = autoload
-        self._strict_arg = strict
+        self._config = PatcherConfig(autoload, strict, disable, plugins, extra_plugins)
         self._strict = bool(strict)
         self.rebind_stale = rebind_stale
-        self._plugin_disable = disable
-        self._plugin_allow = plugins
-        self._discover: bool | None = None
-        self._extra_plugins = tuple(extra_plugins)
-        # What the user configured (kept across apply/revert cycles).
-        self._items: list[Declared] = []
-        self._item_ids: set[int] = set()
-        self._user_rules: list[ImportRule] = []
-        self._disabled: set[str] = set()
-        self._enabled: set[str] = set()
-        self._settings: dict[str, Any] = {}
         # What apply() did (cleared by revert()).
         self._ledger = Ledger()
         self._installer = Installer(self._ledger, lambda: self._strict)
-        self._hooks: HookRunner | None = None
-        self._rules: list[tuple[ImportRule, Record]] = []
-        self._env_set: list[tuple[str, str]] = []
+        self._hooks = HookRunner(
+            self._installer, lambda: frozenset(self._config.disabled), lambda: self._strict
+        )
+        self._activations = Activations(self._ledger)
         self._sessions: list[Session] = []
         self._applied = False
         self._applying_thread: int | None = None
@@ -122,35 +107,16 @@ class Patcher:
         Import rules (SkipImport, ReplaceImport, InjectImport) act at once, like
         :meth:`skip_import` and its siblings.
         """
-        added: list[Declared] = []
-        rules: list[ImportRule] = []
-        for item in items:
-            if is_import_rule(item):
-                rules.append(item)  # type: ignore[arg-type]
-                continue
-            if isinstance(item, Patch):  # an instance of a group: use its class
-                item = type(item)
-            if not (
-                (isinstance(item, type) and issubclass(item, Patch) and item is not Patch)
-                or isinstance(item, (AtomicPatch, ModuleHook, LegacyPatch))
-            ):
-                raise TypeError(
-                    "Patcher.add() takes Patch subclasses, AtomicPatch, ModuleHook, LegacyPatch "
-                    f"or import-rule objects, got {item!r}"
-                )
-            if id(item) in self._item_ids:
-                self._ledger.warn(f"{label(item)} was added twice; it is applied once")
-                continue
-            self._item_ids.add(id(item))
-            added.append(Declared(item, options, USER))
+        config = self._config
+        added, rules = config.sort(items, options, self._ledger.warn)
         with self._ledger.lock:
-            self._raise_conflicts(added)
-            self._items.extend(added)
+            config.raise_conflicts(added)
+            config.items.extend(added)
             applied = self._applied
         for rule in rules:
             self._add_rule(rule)
         if applied and added:
-            self._start(plan(added, self._ledger, metadata, **self._plan_switches()))
+            self._start(plan(added, self._ledger, metadata, **self._switches()))
             self._raise_if_strict_failed()
         return self
 
@@ -162,31 +128,14 @@ class Patcher:
         For a patcher with ``autoload``, plugin entry-point or distribution names work
         too. After :meth:`apply`, the named patches are reverted at once.
         """
-        resolved = {self._name_of(name, "disable") for name in names}
+        resolved = {name_of(name, "disable") for name in names}
         with self._ledger.lock:
-            self._disabled |= resolved
-            victims = (
-                [
-                    e
-                    for e in self._ledger.entries
-                    if e.names & resolved and e.status not in NOT_APPLIED
-                ]
-                if self._applied
-                else []
-            )
-        from ._undo import restore_site
+            self._config.disabled |= resolved
+            applied = self._applied
+        if applied:
+            from ._undo import undo_entries
 
-        for entry in reversed(victims):
-            with self._ledger.lock:
-                sites = [s for s in (entry, *entry.alias_sites) if s.slot is not None]
-                for site in sites:
-                    if site in self._installer.log:
-                        self._installer.log.remove(site)
-                was_applied = entry.status is APPLIED
-                self._installer.finish(entry, SKIPPED, "disabled after apply()")
-            if was_applied:
-                for site in reversed(sites):
-                    restore_site(site, self._ledger.warn)
+            undo_entries(self._ledger, self._installer, resolved, "disabled after apply()")
         return self
 
     def enable(self: _Self, *names: str | type[Patch]) -> _Self:
@@ -194,20 +143,8 @@ class Patcher:
 
         Takes effect at the next :meth:`apply` (after a :meth:`revert`, if applied).
         """
-        self._enabled |= {self._name_of(name, "enable") for name in names}
+        self._config.enabled |= {name_of(name, "enable") for name in names}
         return self
-
-    @staticmethod
-    def _name_of(name: object, method: str) -> str:
-        if isinstance(name, str):
-            return name
-        if (isinstance(name, type) and issubclass(name, Patch)) or isinstance(
-            name, (AtomicPatch, ModuleHook, LegacyPatch, Patch)
-        ):
-            return name.name
-        raise TypeError(
-            f"Patcher.{method}() takes names, Patch classes or patch objects, got {name!r}"
-        )
 
     def select_plugins(
         self: _Self,
@@ -223,18 +160,7 @@ class Patcher:
         allow-list; ``autoload=False``: no entry-point discovery; ``strict``: raise on
         any failure. ``None`` leaves a setting as it is.
         """
-        current = (self._plugin_disable, self._plugin_allow, self._discover, self._strict_arg)
-        merged = (
-            self._plugin_disable if disable is None else disable,
-            self._plugin_allow if plugins is None else plugins,
-            self._discover if autoload is None else autoload,
-            self._strict_arg if strict is None else strict,
-        )
-        if self._applied and merged != current:
-            raise PatchError(
-                "the patcher is already applied; call revert() before changing its plugin selection"
-            )
-        self._plugin_disable, self._plugin_allow, self._discover, self._strict_arg = merged
+        self._config.select(self._applied, disable, plugins, autoload, strict)
         return self
 
     def skip_import(self: _Self, *modules: str) -> _Self:
@@ -264,8 +190,8 @@ class Patcher:
     def _add_rule(self, rule: ImportRule) -> None:
         # Import rules act at once, as in the seed: code between add and apply() may
         # already import the module. They are declarations, so nothing is imported here.
-        self._user_rules.append(rule)
-        self._activate_rule(rule, USER)
+        self._config.rules.append(rule)
+        self._activations.rule(rule, USER)
 
     # -- settings, served by installed providers (see _settings.py) --------------------
 
@@ -303,10 +229,7 @@ class Patcher:
         return self.allow_internal_format(False)
 
     def _set(self: _Self, name: str, value: Any, asked_by: str) -> _Self:
-        from ._settings import provider_for
-
-        provider_for(name, f"Patcher.{asked_by}").check(name, value)  # bad values fail here
-        self._settings[name] = value
+        self._config.set(name, value, asked_by)
         return self
 
     def add_session(self, session: Session) -> None:
@@ -359,7 +282,10 @@ class Patcher:
         self.revert()
 
     def __repr__(self) -> str:
-        return f"<Patcher applied={self._applied} items={len(self._items)} entries={len(self._ledger.entries)}>"
+        entries = len(self._ledger.entries)
+        return (
+            f"<Patcher applied={self._applied} items={len(self._config.items)} entries={entries}>"
+        )
 
     # ------------------------------------------------------------------ apply
 
@@ -376,13 +302,7 @@ class Patcher:
                 return self.report
             finished = self._apply_finished if self._applying_thread is not None else None
             if finished is None:
-                selection = PluginSelection.from_env(
-                    disable=self._plugin_disable,
-                    plugins=self._plugin_allow,
-                    autoload=self._discover,
-                    strict=self._strict_arg,
-                    extra=self._extra_plugins,
-                )
+                selection = self._config.selection()
                 self._strict = selection.strict
                 self._applying_thread = self._installer.applying_thread = me
                 self._apply_finished = threading.Event()
@@ -400,49 +320,50 @@ class Patcher:
         return self.report
 
     def _apply(self, selection: PluginSelection) -> None:
-        self._enabled |= selection.enable
+        config = self._config
+        config.enabled |= selection.enable
         found = PluginDeclarations()
-        if self._autoload or self._extra_plugins:
-            found = load_declarations(selection, self._autoload, self._disabled)
+        if config.autoload or config.extra_plugins:
+            found = load_declarations(selection, config.autoload, config.disabled)
             with self._ledger.lock:
                 self._ledger.records.extend(found.records)
                 self._ledger.warnings.extend(found.warnings)
             if selection.strict:
                 found.raise_if_broken()
-        declared = [*found.declared, *self._items]
+        declared = [*found.declared, *config.items]
         with self._ledger.lock:
             # Plan first: a conflict raises before anything is changed.
-            self._raise_conflicts(declared, existing=False)
-            planned = plan(declared, self._ledger, metadata, **self._plan_switches())
+            config.raise_conflicts(declared, with_added=False)
+            planned = plan(declared, self._ledger, metadata, **self._switches())
             self._check_unknown_names(planned.groups, found.plugin_names)
             self._applied = True
         # User rules act from the moment they are declared; after a revert(), apply()
         # brings them back.
-        active = {id(rule) for rule, _ in self._rules}
-        for rule in self._user_rules:
+        active = {id(rule) for rule, _ in self._activations.rules}
+        for rule in config.rules:
             if id(rule) not in active:
-                self._activate_rule(rule, USER)
+                self._activations.rule(rule, USER)
         for setting, provenance in found.env:
-            self._apply_env(setting, provenance)
+            self._activations.env(setting, provenance)
         for rule, provenance in found.rules:
-            self._activate_rule(rule, provenance)
+            self._activations.rule(rule, provenance)
         self._start(planned)
-        self._start_settings()
+        if config.settings:
+            from ._settings import start_settings
+
+            for session in start_settings(self, config.settings, self._strict, self._ledger):
+                self.add_session(session)
         metadata.save()
         self._raise_if_strict_failed()
 
-    def _plan_switches(self) -> dict[str, Any]:
+    def _switches(self) -> dict[str, Any]:
         return {
-            "disabled": frozenset(self._disabled),
-            "enabled": frozenset(self._enabled),
+            "disabled": frozenset(self._config.disabled),
+            "enabled": frozenset(self._config.enabled),
             "strict": self._strict,
         }
 
-    def _start(self, planned: Any) -> None:
-        if self._hooks is None:
-            self._hooks = HookRunner(
-                self._installer, lambda: frozenset(self._disabled), lambda: self._strict
-            )
+    def _start(self, planned: Plan) -> None:
         crowded = frozenset(id(e) for _, first, later in planned.collisions for e in (first, later))
         self._installer.install_ready(planned.entries, crowded)
         for hook in planned.hooks:
@@ -470,73 +391,17 @@ class Patcher:
                 "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
             )
 
-    def _raise_conflicts(self, declared: list[Declared], existing: bool = True) -> None:
-        groups = [d.item for d in declared if isinstance(d.item, type)]
-        if existing:
-            groups += [d.item for d in self._items if isinstance(d.item, type)]
-        if not groups:
-            return
-        for name, other in conflicting_groups(groups, self._disabled)[:1]:
-            raise PatchConflictError(
-                f"patch groups {name!r} and {other!r} conflict ({name}.conflicts_with names {other!r}); "
-                f"enable only one, e.g. default_patcher.disable({other!r}).add({name})"
-            )
-
     def _check_unknown_names(self, groups: dict[str, Any], plugin_names: set[str]) -> None:
-        if not (self._disabled or self._enabled):
+        config = self._config
+        if not (config.disabled or config.enabled):
             return
         known = known_names(self._ledger, (g for g, _ in groups.values()), plugin_names)
-        for switch, names in (("disable()", self._disabled), ("enable()", self._enabled)):
+        for switch, names in (("disable()", config.disabled), ("enable()", config.enabled)):
             for name in unknown_names(names, known):
                 message = f"{switch} names {name!r}, which matches no patch, group, hook or plugin"
                 if self._strict:
                     raise PatchDefinitionError(f"ascend-patch (strict): {message}")
                 self._ledger.warn(message)
-
-    # ------------------------------------------------------------------ rules, env, settings
-
-    def _activate_rule(self, rule: ImportRule, provenance: Any) -> None:
-        record = Record("rule", rule.describe(), rule.module, provenance=provenance)
-        with self._ledger.lock:
-            self._ledger.records.append(record)
-            self._rules.append((rule, record))
-        rule.activate(record)
-
-    def _apply_env(self, setting: Any, provenance: Any) -> None:
-        record = Record(
-            "env", setting.name, f"{setting.name}={setting.value}", provenance=provenance
-        )
-        current = os.environ.get(setting.name)
-        if current is not None:
-            record.set(SKIPPED, f"the user set {setting.name}={current}")
-        else:
-            os.environ[setting.name] = setting.value
-            self._env_set.append((setting.name, setting.value))
-            record.set(APPLIED, setting.why or None)
-        with self._ledger.lock:
-            self._ledger.records.append(record)
-
-    def _start_settings(self) -> None:
-        if not self._settings:
-            return
-        from ._settings import provider_for
-
-        by_provider: dict[int, tuple[Any, dict[str, Any]]] = {}
-        for name, value in self._settings.items():
-            provider = provider_for(name, "apply()")
-            by_provider.setdefault(id(provider), (provider, {}))[1][name] = value
-        for provider, settings in by_provider.values():
-            try:
-                session = provider.start(self, settings)
-            except Exception as exc:
-                if self._strict or isinstance(exc, PatchDefinitionError):
-                    raise
-                record = Record("setting", ", ".join(settings), ", ".join(settings), FAILED)
-                record.set(FAILED, f"{type(exc).__name__}: {exc}")
-                with self._ledger.lock:
-                    self._ledger.records.append(record)
-                continue
-            self.add_session(session)
 
     # ------------------------------------------------------------------ revert
 
@@ -550,10 +415,9 @@ class Patcher:
 
         with self._ledger.lock:
             self._applied = False
-            rules, self._rules = self._rules, []
-            env_set, self._env_set = self._env_set, []
             sessions, self._sessions = self._sessions, []
             self._installer.stale_candidates = []
-        revert_all(self._ledger, self._installer, rules, env_set, sessions)
+        revert_all(self._ledger, self._installer, sessions)
+        self._activations.undo(self._ledger.warn)
         records, warnings = self._ledger.take_report()
         return Report(records, warnings, self._ledger.lock)

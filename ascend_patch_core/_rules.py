@@ -19,9 +19,9 @@ from typing import Any
 from ._errors import ImportRuleError
 from ._errors import PatchDefinitionError
 from ._hub import hub
+from ._paths import is_dotted_name
 from ._report import Record
 from ._report import Status
-from ._target import is_dotted_name
 
 
 __all__ = ["ImportRule", "InjectImport", "ReplaceImport", "SkipImport"]

@@ -28,13 +28,14 @@ from typing import Any
 from typing import cast
 
 from ._errors import PatchDefinitionError
+from ._ledger import Ledger
 from ._metadata import metadata
+from ._report import FAILED
+from ._report import Record
 
 
 if TYPE_CHECKING:
     from typing import Protocol
-
-    from ._report import Record
 
     class Session(Protocol):
         """What a provider's ``start()`` returns; what ``Patcher.add_session()`` takes."""
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
         def start(self, patcher: Any, settings: dict[str, Any]) -> Session: ...
 
 
-__all__ = ["GROUP", "provider_for"]
+__all__ = ["GROUP", "provider_for", "start_settings"]
 
 #: The entry-point group of setting providers.
 GROUP = "ascend_patch.settings"
@@ -88,3 +89,28 @@ def provider_for(name: str, asked_by: str) -> SettingProvider:
             "(it needs check(name, value) and start(patcher, settings))"
         )
     return cast("SettingProvider", provider)
+
+
+def start_settings(
+    patcher: Any, settings: dict[str, Any], strict: bool, ledger: Ledger
+) -> list[Session]:
+    """Start each provider once with its settings; return the sessions to attach.
+
+    A provider that raises is a FAILED record (strict mode, or a bad value: raised).
+    """
+    by_provider: dict[int, tuple[SettingProvider, dict[str, Any]]] = {}
+    for name, value in settings.items():
+        provider = provider_for(name, "apply()")
+        by_provider.setdefault(id(provider), (provider, {}))[1][name] = value
+    sessions: list[Session] = []
+    for provider, chosen in by_provider.values():
+        try:
+            sessions.append(provider.start(patcher, chosen))
+        except Exception as exc:
+            if strict or isinstance(exc, PatchDefinitionError):
+                raise
+            names = ", ".join(chosen)
+            record = Record("setting", names, names, FAILED, f"{type(exc).__name__}: {exc}")
+            with ledger.lock:
+                ledger.records.append(record)
+    return sessions

@@ -1,13 +1,8 @@
-"""Target paths: parsing, resolution without side effects, installation and exact restore.
+"""Targets: resolution without side effects, installation and exact restore.
 
-A target names one slot that holds an object:
-
-* ``"pkg.mod.func"`` -- a module attribute;
-* ``"pkg.mod.Class.method"`` -- a class attribute (staticmethod, classmethod and
-  property keep their kind);
-* ``"pkg.registry.MODELS._module_dict.Key"`` or ``"...MODELS._module_dict['a.b']"`` --
-  a mapping entry;
-* ``"pkg.mod:Class.method"`` -- the part before ``:`` is the module, said explicitly.
+A parsed target path (``_paths``) names one slot: a module attribute, a class
+attribute (staticmethod, classmethod and property keep their kind), or a mapping
+entry.
 
 Resolution never imports anything and never triggers a lazy module ``__getattr__``:
 it reads module ``__dict__`` s and ``sys.modules`` only, so that resolving a target of
@@ -17,15 +12,16 @@ a not-yet-imported library is free and ``apply()`` stays side-effect free.
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 import types
 from collections.abc import Mapping
 from collections.abc import MutableMapping
 from typing import Any
 
-from ._errors import PatchDefinitionError
 from ._hub import initializing
+from ._hub import wait_for_import
+from ._paths import Segment
+from ._paths import TargetPath
 from ._value import Value
 
 
@@ -39,147 +35,11 @@ __all__ = [
     "candidate_modules",
     "initializing_prefixes",
     "inner_callable",
+    "resolve",
+    "resolve_global",
     "resolve_string",
+    "settle_initializing",
 ]
-
-# Patterns are compiled on first use (re caches them): import time is budgeted.
-_BRACKET = r"""\[(?:'([^']*)'|"([^"]*)")\]"""
-
-
-def is_dotted_name(text: str) -> bool:
-    """True for 'a', 'a.b_c.d': what a module path or attribute chain may look like."""
-    return bool(text) and all(part.isidentifier() for part in text.split("."))
-
-
-# The small value types below are Value (__slots__) classes, not NamedTuples: see _value.py.
-
-
-class Segment(Value):
-    """One step of a target path: an attribute, or (``is_key``) a mapping key."""
-
-    __slots__ = ("is_key", "name")
-    _fields = ("name", "is_key")
-
-    def __init__(self, name: str, is_key: bool = False) -> None:
-        self.name = name
-        #: Written as ``['key']``: always a mapping key, never an attribute.
-        self.is_key = is_key
-
-
-class TargetPath(Value):
-    """A parsed target path."""
-
-    __slots__ = ("global_module", "key", "module", "prefixes", "segments", "text")
-    _fields = ("text", "module", "segments")
-
-    def __init__(self, text: str, module: str | None, segments: tuple[Segment, ...]) -> None:
-        self.text = text
-        #: Set when the path says where the module ends (``mod.sub:Attr``).
-        self.module = module
-        self.segments = segments
-        #: The path as one dotted name (``pkg.mod:Cls.f`` -> ``pkg.mod.Cls.f``): what
-        #: two patches on the same slot have in common.
-        self.key = text.replace(":", ".")
-        #: Dotted names of the path's leading segments (``pkg``, ``pkg.mod``, ...), up to
-        #: the first mapping key, without the last segment: the modules it may pass through.
-        prefixes: list[str] = []
-        name = ""
-        for segment in segments[:-1]:
-            if segment.is_key:
-                break
-            name = f"{name}.{segment.name}" if name else segment.name
-            prefixes.append(name)
-        self.prefixes = tuple(prefixes)
-        #: For a path that names a module global (every segment but the last a module
-        #: name, the last an attribute): that module's name, else None.
-        last = segments[-1]
-        self.global_module = (
-            prefixes[-1] if len(prefixes) == len(segments) - 1 and not last.is_key else None
-        )
-
-    def __repr__(self) -> str:
-        return f"TargetPath({self.text!r})"
-
-    @classmethod
-    def parse(cls, text: str) -> TargetPath:
-        if not isinstance(text, str) or not text:
-            raise PatchDefinitionError(f"invalid target path {text!r}: expected a dotted string")
-        module: str | None = None
-        rest = text
-        if ":" in text:
-            module, _, rest = text.partition(":")
-            if not module or not rest or not is_dotted_name(module):
-                raise PatchDefinitionError(
-                    f"invalid target path {text!r}: write 'package.module:Attribute.attr'"
-                )
-            segments = list(_split(rest, text))
-            head = [Segment(p) for p in module.split(".")]
-            segments = head + segments
-        else:
-            segments = list(_split(rest, text))
-        if len(segments) < 2:
-            raise PatchDefinitionError(
-                f"invalid target path {text!r}: name a module and an attribute, e.g. 'torch.matmul'"
-            )
-        if segments[0].is_key:
-            raise PatchDefinitionError(
-                f"invalid target path {text!r}: must start with a module name"
-            )
-        return cls(text, module, tuple(segments))
-
-    @property
-    def root(self) -> str:
-        return self.segments[0].name
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _split(text: str, whole: str) -> list[Segment]:
-    if "[" not in text:
-        # The common case, a plain dotted name: no regular expression needed.
-        parts = text.split(".")
-        if all(part.isidentifier() for part in parts):
-            return [Segment(part) for part in parts]
-    out: list[Segment] = []
-    pos = 0
-    n = len(text)
-    while pos < n:
-        if text[pos] == "[":
-            m = re.compile(_BRACKET).match(text, pos)
-            if not m:
-                raise PatchDefinitionError(
-                    f"invalid target path {whole!r}: bad key near {text[pos:]!r}"
-                )
-            out.append(Segment(m.group(1) if m.group(1) is not None else m.group(2), True))
-            pos = m.end()
-            pos = _after_segment(text, pos, whole)
-            continue
-        # A name runs to the next '.' or '['; it must be a Python identifier, judged
-        # by str.isidentifier as on the plain path above.
-        end = pos
-        while end < n and text[end] not in ".[":
-            end += 1
-        name = text[pos:end]
-        if not name.isidentifier():
-            raise PatchDefinitionError(
-                f"invalid target path {whole!r}: bad name near {text[pos:]!r}"
-            )
-        out.append(Segment(name))
-        pos = _after_segment(text, end, whole)
-    return out
-
-
-def _after_segment(text: str, pos: int, whole: str) -> int:
-    """Position of the next segment: a segment ends the path, or is followed by '.' or '['."""
-    if pos == len(text) or text[pos] == "[":
-        return pos
-    if text[pos] == ".":
-        if pos + 1 == len(text):
-            raise PatchDefinitionError(f"invalid target path {whole!r}: ends with '.'")
-        return pos + 1
-    raise PatchDefinitionError(f"invalid target path {whole!r}: bad name near {text[pos:]!r}")
-
 
 # ----------------------------------------------------------------------------- resolution
 
@@ -490,3 +350,16 @@ def candidate_modules(path: TargetPath, first_missing: str) -> list[str]:
         if len(name) >= len(first_missing):
             names.append(name)
     return names or [first_missing]
+
+
+def settle_initializing(path: TargetPath) -> None:
+    """Wait for modules on the path that another thread is still importing."""
+    modules = sys.modules
+    for name in path.prefixes:
+        module = modules.get(name)
+        if module is None:
+            return
+        if initializing(module):
+            # Blocks until the other thread's import finishes; returns at once if
+            # this thread is the one importing (a circular import).
+            wait_for_import(name)

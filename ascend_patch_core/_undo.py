@@ -8,12 +8,12 @@ after we patched it is left alone and reported, never overwritten.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
 
+from ._entries import NOT_APPLIED
 from ._entries import Entry
 from ._entries import Site
 from ._entries import own_modules
@@ -21,7 +21,7 @@ from ._hub import hub
 from ._report import APPLIED
 from ._report import PENDING
 from ._report import REVERTED
-from ._report import Record
+from ._report import SKIPPED
 from ._stale import find_holders
 from ._stale import loaded_modules
 
@@ -29,11 +29,10 @@ from ._stale import loaded_modules
 if TYPE_CHECKING:
     from ._installer import Installer
     from ._ledger import Ledger
-    from ._rules import ImportRule
     from ._settings import Session
 
 
-__all__ = ["restore_late_holders", "restore_site", "revert_all"]
+__all__ = ["restore_late_holders", "restore_site", "revert_all", "undo_entries"]
 
 
 def restore_site(site: Site, warn: Callable[[str], None]) -> None:
@@ -102,14 +101,12 @@ def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
                 setattr(module, name, original)
 
 
-def revert_all(
-    ledger: Ledger,
-    installer: Installer,
-    rules: list[tuple[ImportRule, Record]],
-    env_set: list[tuple[str, str]],
-    sessions: list[Session],
-) -> None:
-    """Undo everything one patcher did, newest first; leaves its records saying so."""
+def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) -> None:
+    """Undo every patch, hook, 1.0 patch and session of one patcher, newest first.
+
+    Leaves their records saying so. (Import rules and environment variables are the
+    Patcher's Activations to undo.)
+    """
     with ledger.lock:
         log, installer.log = installer.log, []
         entries, hooks, legacy = ledger.clear()
@@ -141,11 +138,20 @@ def revert_all(
             ledger.warn(f"legacy patch {state.patch.name!r} cannot be reverted; its changes remain")
     for session in reversed(sessions):
         session.undo()
-    for rule, record in reversed(rules):
-        for warning in rule.deactivate():
-            ledger.warn(warning)
-        if record.status in (APPLIED, PENDING):
-            record.set(REVERTED, None)
-    for name, value in reversed(env_set):
-        if os.environ.get(name) == value:
-            del os.environ[name]
+
+
+def undo_entries(ledger: Ledger, installer: Installer, names: set[str], reason: str) -> None:
+    """Take back the live entries that ``names`` match (``disable()`` after apply()): skipped."""
+    with ledger.lock:
+        victims = [e for e in ledger.entries if e.names & names and e.status not in NOT_APPLIED]
+    for entry in reversed(victims):
+        with ledger.lock:
+            sites = [s for s in (entry, *entry.alias_sites) if s.slot is not None]
+            for site in sites:
+                if site in installer.log:
+                    installer.log.remove(site)
+            was_applied = entry.status is APPLIED
+            installer.finish(entry, SKIPPED, reason)
+        if was_applied:
+            for site in reversed(sites):
+                restore_site(site, ledger.warn)

@@ -156,3 +156,39 @@ def lazy_imports_of(obj: object) -> LazyImports | None:
     if isinstance(state, LazyImports) and state.trampoline is obj:
         return state
     return None
+
+
+def install_when_resolved(site: Any, lock: Any) -> None:
+    """After the first call of the with_imports trampoline installed at ``site``, install its function.
+
+    From then on calls skip the trampoline's extra frame. Under ``lock`` (the
+    patcher's), and only if the slot still holds the trampoline: a revert or another
+    patch in between wins.
+    """
+    from ._stale import module_ids
+    from ._target import adapt_to_descriptor
+    from ._target import inner_callable
+
+    inner = inner_callable(site.installed)
+    state = lazy_imports_of(inner)
+    if state is None:
+        return
+    trampoline_raw = site.installed
+
+    def swap() -> None:
+        with lock:
+            slot = site.slot
+            if slot is None or site.installed is not trampoline_raw:
+                return
+            if slot.current() is not trampoline_raw:
+                return
+            new_raw = (
+                adapt_to_descriptor(trampoline_raw, state.func)
+                if isinstance(trampoline_raw, (staticmethod, classmethod))
+                else state.func
+            )
+            modules_before = module_ids()
+            slot.install(new_raw)
+            site.installed_now(slot, new_raw, state.func, modules_before)
+
+    state.on_resolved.append(swap)

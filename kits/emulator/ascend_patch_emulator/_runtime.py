@@ -5,23 +5,53 @@ events complete immediately, device memory is not tracked (all counters are 0),
 and the RNG of every emulated device is the CPU generator. Names and signatures
 follow ``torch_npu.npu``; values say "emulated" wherever a string is returned.
 Imported only by :func:`ascend_patch_emulator.activate`, so importing torch here is fine.
+
+The shared state is in :mod:`._runtime_state`, streams and events in
+:mod:`._runtime_streams`, the memory API in :mod:`._runtime_memory`; devices, random
+numbers, amp and the export tables are here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import pickle
-import sys
-import threading
-import time
 from collections.abc import Callable
-from collections.abc import Iterator
 from typing import Any
 from typing import NamedTuple
 
 import torch
+
+# _modules fills torch.npu from this module by the names in the export tables below,
+# so the names defined by the sibling modules are bound here too.
+from ._runtime_memory import _dump_snapshot as _dump_snapshot
+from ._runtime_memory import _record_memory_history as _record_memory_history
+from ._runtime_memory import _snapshot as _snapshot
+from ._runtime_memory import empty_cache as empty_cache
+from ._runtime_memory import max_memory_allocated as max_memory_allocated
+from ._runtime_memory import max_memory_cached as max_memory_cached
+from ._runtime_memory import max_memory_reserved as max_memory_reserved
+from ._runtime_memory import mem_get_info as mem_get_info
+from ._runtime_memory import memory_allocated as memory_allocated
+from ._runtime_memory import memory_cached as memory_cached
+from ._runtime_memory import memory_reserved as memory_reserved
+from ._runtime_memory import memory_stats as memory_stats
+from ._runtime_memory import memory_summary as memory_summary
+from ._runtime_memory import reset_accumulated_memory_stats as reset_accumulated_memory_stats
+from ._runtime_memory import reset_max_memory_allocated as reset_max_memory_allocated
+from ._runtime_memory import reset_max_memory_cached as reset_max_memory_cached
+from ._runtime_memory import reset_peak_memory_stats as reset_peak_memory_stats
+from ._runtime_memory import set_per_process_memory_fraction as set_per_process_memory_fraction
+from ._runtime_state import config as config
+from ._runtime_state import conv as conv
+from ._runtime_state import device_index
+from ._runtime_state import host_memory
+from ._runtime_state import matmul as matmul
+from ._runtime_state import state
+from ._runtime_streams import Event
+from ._runtime_streams import Stream
+from ._runtime_streams import current_stream as current_stream
+from ._runtime_streams import default_stream as default_stream
+from ._runtime_streams import set_stream as set_stream
+from ._runtime_streams import stream as stream
 
 
 __all__ = [
@@ -39,81 +69,6 @@ __all__ = [
 DEVICE_NAME = "Ascend NPU (emulated on CPU by ascend-patch)"
 
 
-class _State:
-    """Per-activation runtime settings, reset by :func:`reset`."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.version = ""
-        self.device_count = 1
-        self._local = threading.local()
-        self.jit_compile = True
-        self.options: dict[str, Any] = {}
-
-    @property
-    def current(self) -> int:
-        index: int = getattr(self._local, "device", 0)
-        return index
-
-    @current.setter
-    def current(self, index: int) -> None:
-        self._local.device = index
-
-    def reset(self, *, version: str, device_count: int) -> None:
-        self.version = version
-        self.device_count = device_count
-        self._local = threading.local()
-        self.jit_compile = True
-        self.options = {}
-        config.allow_internal_format = False
-        matmul.allow_hf32 = False
-        conv.allow_hf32 = True
-
-
-state = _State()
-
-
-class _Config:
-    """``torch.npu.config``: plain flags, read by nothing in the emulator."""
-
-    allow_internal_format = False
-
-
-class _Hf32:
-    allow_hf32 = False
-
-
-config = _Config()
-matmul = _Hf32()
-conv = _Hf32()
-
-
-# --------------------------------------------------------------------------- devices
-
-
-def _index(device: Any, *, optional: bool = True) -> int:
-    """The device index named by an int, ``"npu:1"``, ``torch.device`` or None (current)."""
-    if device is None:
-        if optional:
-            return state.current
-        raise ValueError("expected an NPU device, got None")
-    if isinstance(device, bool):
-        raise TypeError(f"expected an NPU device (int, 'npu:N' or torch.device), got {device!r}")
-    if isinstance(device, int):
-        index = device
-    else:
-        parsed = torch.device(device) if isinstance(device, str) else device
-        if not isinstance(parsed, torch.device) or parsed.type != "npu":
-            raise ValueError(f"expected an NPU device ('npu', 'npu:N'), got {device!r}")
-        index = state.current if parsed.index is None else parsed.index
-    if not 0 <= index < state.device_count:
-        raise RuntimeError(
-            f"invalid NPU device ordinal {index}: the emulator has {state.device_count} "
-            f"device(s) (activate(device_count=N) for more)"
-        )
-    return index
-
-
 def is_available() -> bool:
     return state.active
 
@@ -127,12 +82,12 @@ def current_device() -> int:
 
 
 def set_device(device: Any) -> None:
-    state.current = _index(device, optional=False)
+    state.current = device_index(device, optional=False)
 
 
 def synchronize(device: Any = None) -> None:
     """Nothing is asynchronous on the emulated device."""
-    _index(device)
+    device_index(device)
 
 
 def is_initialized() -> bool:
@@ -156,13 +111,13 @@ def _is_in_bad_fork() -> bool:
 
 
 def get_device_name(device: Any = None) -> str:
-    _index(device)
+    device_index(device)
     return DEVICE_NAME
 
 
 def get_device_capability(device: Any = None) -> None:
     """torch_npu has no compute capability either: it returns None."""
-    _index(device)
+    device_index(device)
     return None
 
 
@@ -174,8 +129,8 @@ class _DeviceProperties(NamedTuple):
 
 
 def get_device_properties(device: Any = None) -> _DeviceProperties:
-    _index(device)
-    return _DeviceProperties(DEVICE_NAME, _host_memory()[1], 1, True)
+    device_index(device)
+    return _DeviceProperties(DEVICE_NAME, host_memory()[1], 1, True)
 
 
 def is_bf16_supported() -> bool:
@@ -192,7 +147,7 @@ def get_amp_supported_dtype() -> list[Any]:
 
 
 def utilization(device: Any = None) -> int:
-    _index(device)
+    device_index(device)
     return 0
 
 
@@ -219,7 +174,7 @@ class device:
     """``with torch.npu.device(1):`` selects a device for the block."""
 
     def __init__(self, device: Any) -> None:
-        self.idx = -1 if device is None or device == -1 else _index(device)
+        self.idx = -1 if device is None or device == -1 else device_index(device)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
@@ -237,200 +192,6 @@ class device_of(device):
 
     def __init__(self, obj: Any) -> None:
         super().__init__(state.current)
-
-
-# --------------------------------------------------------------------------- streams and events
-
-
-class Stream:
-    """An emulated stream: work submitted to it has always completed."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device_index = _index(device)
-        self.priority = priority
-
-    @property
-    def device(self) -> Any:
-        return torch.device("npu", self.device_index)
-
-    @property
-    def npu_stream(self) -> int:
-        return id(self)
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-    def wait_event(self, event: Event) -> None:
-        """Nothing to wait for."""
-
-    def wait_stream(self, stream: Stream) -> None:
-        """Nothing to wait for."""
-
-    def record_event(self, event: Event | None = None) -> Event:
-        event = Event() if event is None else event
-        event.record(self)
-        return event
-
-    def __repr__(self) -> str:
-        return f"<torch.npu.Stream device=npu:{self.device_index} (emulated)>"
-
-
-class Event:
-    """An emulated event; ``elapsed_time`` is host wall-clock time, not NPU time."""
-
-    def __init__(
-        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
-    ) -> None:
-        self.enable_timing = enable_timing
-        self._time: float | None = None
-
-    def record(self, stream: Stream | None = None) -> None:
-        self._time = time.perf_counter()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-    def wait(self, stream: Stream | None = None) -> None:
-        """Nothing to wait for."""
-
-    def elapsed_time(self, end_event: Event) -> float:
-        if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Events were not created with enable_timing=True")
-        if self._time is None or end_event._time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time")
-        return (end_event._time - self._time) * 1000.0
-
-    def __repr__(self) -> str:
-        return "<torch.npu.Event (emulated)>"
-
-
-_streams: dict[int, Stream] = {}
-_current_streams = threading.local()
-
-
-def default_stream(device: Any = None) -> Stream:
-    index = _index(device)
-    if index not in _streams:
-        _streams[index] = Stream(index)
-    return _streams[index]
-
-
-def current_stream(device: Any = None) -> Stream:
-    index = _index(device)
-    chosen: dict[int, Stream] = getattr(_current_streams, "by_device", {})
-    return chosen.get(index) or default_stream(index)
-
-
-def set_stream(stream: Stream) -> None:
-    if not hasattr(_current_streams, "by_device"):
-        _current_streams.by_device = {}
-    _current_streams.by_device[stream.device_index] = stream
-
-
-@contextlib.contextmanager
-def stream(stream: Stream | None) -> Iterator[None]:
-    if stream is None:
-        yield
-        return
-    previous = current_stream(stream.device_index)
-    set_stream(stream)
-    try:
-        yield
-    finally:
-        set_stream(previous)
-
-
-# --------------------------------------------------------------------------- memory
-
-
-def _host_memory() -> tuple[int, int]:
-    """(available, total) host memory in bytes, or (0, 0) where sysconf cannot tell."""
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        return page * os.sysconf("SC_AVPHYS_PAGES"), page * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0, 0
-
-
-def _zero(device: Any = None) -> int:
-    _index(device)
-    return 0
-
-
-memory_allocated = max_memory_allocated = memory_reserved = max_memory_reserved = _zero
-memory_cached = max_memory_cached = _zero
-
-
-def _reset(device: Any = None) -> None:
-    _index(device)
-
-
-reset_peak_memory_stats = reset_max_memory_allocated = reset_max_memory_cached = _reset
-reset_accumulated_memory_stats = _reset
-
-
-def empty_cache() -> None:
-    """Tensors live in host memory: there is no device cache to empty."""
-
-
-def memory_stats(device: Any = None) -> dict[str, Any]:
-    _index(device)
-    return {}
-
-
-def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    _index(device)
-    return "emulated NPU: tensors live in host memory; device memory is not tracked\n"
-
-
-def mem_get_info(device: Any = None) -> tuple[int, int]:
-    _index(device)
-    return _host_memory()
-
-
-def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
-    _index(device)
-
-
-# Memory history: torch_npu.npu.memory._record_memory_history / _snapshot / _dump_snapshot.
-_history: dict[str, Any] = {"enabled": None}
-
-
-def _record_memory_history(
-    enabled: str | None = "all",
-    context: str | None = "all",
-    stacks: str = "all",
-    max_entries: int = sys.maxsize,
-    device: Any = None,
-) -> None:
-    """Records the settings only: host-memory tensors make no device allocator events."""
-    if enabled not in (None, "state", "all"):
-        raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
-    _index(device)
-    _history.update(enabled=enabled, context=context, stacks=stacks, max_entries=max_entries)
-
-
-def _snapshot(device: Any = None) -> dict[str, Any]:
-    """A snapshot in torch's format, with no segments and no trace events (nothing is tracked)."""
-    _index(device)
-    return {
-        "segments": [],
-        "device_traces": [[] for _ in range(state.device_count)],
-        "allocator_settings": {},
-        "emulated": True,
-    }
-
-
-def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
-    """Pickle :func:`_snapshot` to ``filename``, as ``torch.cuda.memory._dump_snapshot`` does."""
-    with open(filename, "wb") as file:
-        pickle.dump(_snapshot(), file)
 
 
 # --------------------------------------------------------------------------- random numbers
@@ -459,12 +220,12 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: Any = "npu") -> Any:
-    _index(device)
+    device_index(device)
     return torch.get_rng_state()
 
 
 def set_rng_state(new_state: Any, device: Any = "npu") -> None:
-    _index(device)
+    device_index(device)
     torch.set_rng_state(new_state)
 
 

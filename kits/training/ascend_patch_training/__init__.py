@@ -11,7 +11,9 @@ package uses only the engine's public API (``Patcher.installed()``, its report,
 * ``_brake``: a clean stop after N steps on every rank;
 * ``_loops``: loop-specific hooks (Trainer, mmengine, mmcv 1.x) for starting and
   for stopping cooperatively;
-* ``_precision``, ``_rerun``, ``_compare``: the precision check of patches on live inputs;
+* ``_precision`` (with ``_precision_options``, ``_precision_records``,
+  ``_precision_calls``), ``_rerun``, ``_compare``: the precision check of patches on
+  live inputs;
 * ``_msprobe``: mindstudio-probe's PrecisionDebugger around each step;
 * ``_session``: the session tying them together.
 

@@ -1,0 +1,115 @@
+"""Aliases: the other paths a patched object is reachable by (re-exports), patched too.
+
+Each alias is a site of its own, installed when its module is imported (at once if
+it is) and reported in ``record.aliases``. One that already holds the replacement --
+it was imported from the patched target after the patch -- needs nothing; one that
+holds the same original gets the same replacement; another original gets a
+replacement built for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import TYPE_CHECKING
+
+from ._entries import Entry
+from ._entries import Site
+from ._hub import hub
+from ._replacement import build_replacement
+from ._report import APPLIED
+from ._stale import module_ids
+from ._target import ABSENT
+from ._target import Missing
+from ._target import Waiting
+from ._target import adapt_to_descriptor
+from ._target import candidate_modules
+from ._target import inner_callable
+from ._target import resolve
+from ._target import settle_initializing
+
+
+if TYPE_CHECKING:
+    from ._installer import Installer
+
+__all__ = ["advance_alias"]
+
+
+def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
+    """Install ``entry``'s replacement at alias ``site`` if it can be now; else watch its module."""
+    path = site.path.text
+    if site.slot is not None or entry.status is not APPLIED:
+        return
+    settle_initializing(site.path)
+    found = resolve(site.path, create=entry.patch.create)
+    aliases = entry.record.aliases
+    if isinstance(found, Waiting):
+        aliases[path] = f"pending: waiting for import of {found.module}"
+        with installer.ledger.lock:
+            if entry.status is not APPLIED:
+                return
+            for candidate in candidate_modules(site.path, found.module):
+                key = f"alias:{path}:{candidate}"
+                if entry.watching is None or key not in entry.watching:
+                    callback = functools.partial(_alias_imported, installer, entry, site, key)
+                    entry.watch(key, hub.watch(candidate, callback))
+        return
+    _stop_alias_watches(installer, entry, path)
+    if isinstance(found, Missing):
+        aliases[path] = f"not found: {found.reason}"
+        entry.record.warnings.append(f"alias {path} not found: {found.reason}")
+        return
+    primary = entry.slot
+    if primary is not None and found.owner is primary.owner and found.key == primary.key:
+        aliases[path] = "same slot as the target"
+        return
+    if found.raw is entry.installed or inner_callable(found.raw) is entry.new_inner:
+        # Imported from the patched target after installation (a re-export): it
+        # already holds the replacement, and revert() gives it the original back.
+        aliases[path] = "applied"
+        return
+    try:
+        original = inner_callable(found.raw)
+        if original is ABSENT:  # create=True: the alias slot is made too
+            original = None
+        if original is entry.original:
+            new_inner = entry.new_inner
+        else:
+            new_inner = build_replacement(entry.patch, original, entry.record.counters)[1]
+        new_raw = adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
+        modules_before = module_ids()
+        found.install(new_raw)
+    except Exception as exc:
+        aliases[path] = f"failed: {exc}"
+        entry.record.warnings.append(f"alias {path} failed: {exc}")
+        return
+    with installer.ledger.lock:
+        cancelled = entry.status is not APPLIED  # revert() ran meanwhile
+        if not cancelled:
+            site.installed_now(found, new_raw, new_inner, modules_before)
+            installer.log.append(site)
+    if cancelled:
+        if found.current() is new_raw:
+            found.restore()
+        return
+    aliases[path] = "applied"
+
+
+def _alias_imported(
+    installer: Installer, entry: Entry, site: Site, key: str, module: types.ModuleType
+) -> None:
+    with installer.ledger.lock:
+        handle = entry.watching.pop(key, None) if entry.watching else None
+    if handle is not None:
+        hub.unwatch(handle)
+    advance_alias(installer, entry, site)
+
+
+def _stop_alias_watches(installer: Installer, entry: Entry, path: str) -> None:
+    prefix = f"alias:{path}:"
+    with installer.ledger.lock:
+        watching = entry.watching or {}
+        keys = [k for k in watching if k.startswith(prefix)]
+        handles = [watching.pop(k) for k in keys]
+    for handle in handles:
+        hub.unwatch(handle)

@@ -1,0 +1,147 @@
+"""What a user configured on a Patcher: declarations, switches, plugin selection, settings.
+
+Kept across apply()/revert() cycles; validated when given, so a mistake fails at the
+line that made it. The Patcher reads it at apply() time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from typing import Any
+
+from ._entries import label
+from ._errors import PatchConflictError
+from ._errors import PatchError
+from ._patch import AtomicPatch
+from ._patch import LegacyPatch
+from ._patch import ModuleHook
+from ._patch import Patch
+from ._patch import is_import_rule
+from ._plan import Declared
+from ._plan import conflicting_groups
+from ._registry import PluginSelection
+from ._report import USER
+
+
+if TYPE_CHECKING:
+    from ._rules import ImportRule
+
+__all__ = ["PatcherConfig", "name_of"]
+
+
+def name_of(name: object, method: str) -> str:
+    """The name ``disable()``/``enable()`` mean by a string, a group class or a patch object."""
+    if isinstance(name, str):
+        return name
+    if (isinstance(name, type) and issubclass(name, Patch)) or isinstance(
+        name, (AtomicPatch, ModuleHook, LegacyPatch, Patch)
+    ):
+        return name.name
+    raise TypeError(f"Patcher.{method}() takes names, Patch classes or patch objects, got {name!r}")
+
+
+class PatcherConfig:
+    """The user's side of a Patcher."""
+
+    def __init__(
+        self,
+        autoload: bool,
+        strict: bool | None,
+        disable: str | Iterable[str] | None,
+        plugins: str | Iterable[str] | None,
+        extra_plugins: Iterable[tuple[str, object]],
+    ) -> None:
+        self.autoload = autoload
+        self.extra_plugins = tuple(extra_plugins)
+        # The API form of the ASCEND_PATCH_* switches (None: as the environment says).
+        self.strict_arg = strict
+        self.plugin_disable = disable
+        self.plugin_allow = plugins
+        self.discover: bool | None = None
+        #: Declarations added with add(), in order, each once.
+        self.items: list[Declared] = []
+        self._item_ids: set[int] = set()
+        #: Import rules declared through the patcher (they act at once).
+        self.rules: list[ImportRule] = []
+        self.disabled: set[str] = set()
+        self.enabled: set[str] = set()
+        #: Settings by name, for their providers (see _settings).
+        self.settings: dict[str, Any] = {}
+
+    def sort(
+        self, items: Iterable[Any], options: Any, warn: Any
+    ) -> tuple[list[Declared], list[ImportRule]]:
+        """Check what ``add()`` got: new declarations (each object once) and import rules."""
+        added: list[Declared] = []
+        rules: list[ImportRule] = []
+        for item in items:
+            if is_import_rule(item):
+                rules.append(item)
+                continue
+            if isinstance(item, Patch):  # an instance of a group: use its class
+                item = type(item)
+            if not (
+                (isinstance(item, type) and issubclass(item, Patch) and item is not Patch)
+                or isinstance(item, (AtomicPatch, ModuleHook, LegacyPatch))
+            ):
+                raise TypeError(
+                    "Patcher.add() takes Patch subclasses, AtomicPatch, ModuleHook, LegacyPatch "
+                    f"or import-rule objects, got {item!r}"
+                )
+            if id(item) in self._item_ids:
+                warn(f"{label(item)} was added twice; it is applied once")
+                continue
+            self._item_ids.add(id(item))
+            added.append(Declared(item, options, USER))
+        return added, rules
+
+    def raise_conflicts(self, declared: list[Declared], *, with_added: bool = True) -> None:
+        """PatchConflictError if two enabled groups name each other in ``conflicts_with``."""
+        groups = [d.item for d in declared if isinstance(d.item, type)]
+        if with_added:
+            groups += [d.item for d in self.items if isinstance(d.item, type)]
+        for name, other in conflicting_groups(groups, self.disabled)[:1] if groups else ():
+            raise PatchConflictError(
+                f"patch groups {name!r} and {other!r} conflict ({name}.conflicts_with names {other!r}); "
+                f"enable only one, e.g. default_patcher.disable({other!r}).add({name})"
+            )
+
+    def select(
+        self,
+        applied: bool,
+        disable: str | Iterable[str] | None,
+        plugins: str | Iterable[str] | None,
+        autoload: bool | None,
+        strict: bool | None,
+    ) -> None:
+        """``select_plugins()``: change the selection (not while applied)."""
+        current = (self.plugin_disable, self.plugin_allow, self.discover, self.strict_arg)
+        merged = (
+            self.plugin_disable if disable is None else disable,
+            self.plugin_allow if plugins is None else plugins,
+            self.discover if autoload is None else autoload,
+            self.strict_arg if strict is None else strict,
+        )
+        if applied and merged != current:
+            raise PatchError(
+                "the patcher is already applied; call revert() before changing its plugin selection"
+            )
+        self.plugin_disable, self.plugin_allow, self.discover, self.strict_arg = merged
+
+    def selection(self) -> PluginSelection:
+        """The plugin selection now: the environment's switches plus the API's."""
+        return PluginSelection.from_env(
+            disable=self.plugin_disable,
+            plugins=self.plugin_allow,
+            autoload=self.discover,
+            strict=self.strict_arg,
+            extra=self.extra_plugins,
+        )
+
+    def set(self, name: str, value: Any, asked_by: str) -> None:
+        """Record a setting; its provider checks the value now (bad values fail here)."""
+        from ._settings import provider_for
+
+        provider_for(name, f"Patcher.{asked_by}").check(name, value)
+        self.settings[name] = value

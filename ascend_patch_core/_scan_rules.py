@@ -1,0 +1,47 @@
+"""What ``ascend-patch scan`` looks for: its rule ids and the CUDA-only packages.
+
+Shared by the finder (:mod:`._scan_visitor`), the coverage index and the text
+report, so each of them names rules and modules the same way.
+"""
+
+from __future__ import annotations
+
+
+__all__ = ["CUDA_ONLY_MODULES", "RULES", "cuda_only", "matches_module"]
+
+#: Rule id -> what it finds.
+RULES: dict[str, str] = {
+    "cuda-call": "a .cuda() call",
+    "torch-cuda": "the torch.cuda API (use or import)",
+    "cuda-device": 'a CUDA device given as "cuda", "cuda:N" or an integer index',
+    "nccl": "the NCCL backend",
+    "cuda-import": "an import of a CUDA-only package",
+    "cuda-extension": "a CUDA extension built or loaded with torch.utils.cpp_extension",
+}
+
+#: Packages that need CUDA to import or to work, with what they are.
+CUDA_ONLY_MODULES: dict[str, str] = {
+    "flash_attn": "FlashAttention CUDA kernels",
+    "flash_attn_2_cuda": "FlashAttention CUDA extension",
+    "xformers": "xFormers CUDA kernels",
+    "apex": "NVIDIA Apex (fused optimizers, amp)",
+    "torch_scatter": "PyG scatter CUDA extension",
+    "torch_sparse": "PyG sparse CUDA extension",
+    "torch_cluster": "PyG cluster CUDA extension",
+    "spconv": "sparse convolution CUDA library",
+    "mmcv.ops": "mmcv's compiled CUDA ops",
+    "mmcv._ext": "mmcv's compiled extension",
+    "cupy": "CuPy (CUDA arrays)",
+    "pycuda": "PyCUDA",
+    "bitsandbytes": "bitsandbytes CUDA kernels",
+}
+
+
+def matches_module(name: str, module: str) -> bool:
+    """Whether the dotted ``name`` is ``module`` or something inside it."""
+    return name == module or name.startswith(module + ".")
+
+
+def cuda_only(name: str) -> str | None:
+    """The CUDA-only package that ``name`` belongs to, if any."""
+    return next((m for m in CUDA_ONLY_MODULES if matches_module(name, m)), None)
