@@ -1,35 +1,43 @@
-"""What the installed plugins declare, read without applying anything.
+"""What the installed plugins declare, planned without applying anything.
 
 ``ascend-patch doctor`` and ``ascend-patch scan`` need every plugin's patches, import
-rules and environment defaults, expanded to single targets, but must neither apply
-them nor import a target library. Loading a plugin runs its hooks, which by contract
-(docs/plugin-authors.md) only return declarations; ``Patch.patches()`` is free of side
-effects for the same reason. Distribution facts come from a fresh metadata view, not
-from the on-disk cache, so a just-installed or just-broken plugin shows as it is.
+rules and environment defaults, expanded to single targets, with the verdicts
+``apply()`` would reach -- but must neither apply them nor import a target library.
+So they run the same planner as ``apply()`` (``_plan``) in a dry run: on a fresh
+ledger, with groups expanded even where their requirement is unmet, disabled or
+opt-in (each patch then carries that verdict). Loading a plugin runs its hooks,
+which by contract (docs/plugin-authors.md) only return declarations. Distribution
+facts come from a fresh metadata view, not from the on-disk cache, so a
+just-installed or just-broken plugin shows as it is.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 from collections.abc import Iterable
-from typing import NamedTuple
 
+from ._entries import Entry
+from ._entries import HookState
+from ._entries import LegacyState
 from ._env import EnvSetting
+from ._ledger import Ledger
 from ._metadata import MetadataCache
 from ._metadata import normalize_name
-from ._patch import AtomicPatch
-from ._patch import LegacyPatch
-from ._patch import ModuleHook
-from ._patch import Patch
-from ._patch import normalize_requires
+from ._plan import Declared
+from ._plan import Plan
+from ._plan import conflicting_groups
+from ._plan import plan
 from ._registry import PluginSelection
 from ._registry import load_plugins
+from ._registry import unknown_names
+from ._report import FAILED
+from ._report import PENDING
+from ._report import SKIPPED
 from ._report import Provenance
-from ._report import Status
 from ._requires import check_requirement
 from ._rules import ImportRule
 from ._rules import InjectImport
+from ._value import Value
 
 
 __all__ = [
@@ -48,33 +56,71 @@ def dotted(target: str) -> str:
     return target.replace(":", ".")
 
 
-class Requirement(NamedTuple):
-    text: str
-    satisfied: bool
-    detail: str
+class Requirement(Value):
+    """One requirement of a patch and whether it holds here."""
+
+    __slots__ = ("detail", "satisfied", "text")
+    _fields = ("text", "satisfied", "detail")
+
+    def __init__(self, text: str, satisfied: bool, detail: str) -> None:
+        self.text = text
+        self.satisfied = satisfied
+        self.detail = detail
 
 
-class DeclaredPatch(NamedTuple):
+class DeclaredPatch(Value):
     """One patch as declared: an AtomicPatch, a ModuleHook or a 1.0 function patch."""
 
-    plugin: str
-    #: "patch", "hook" (ModuleHook) or "legacy".
-    kind: str
-    name: str
-    group: str | None
-    #: Dotted target; a ModuleHook's module pattern; a legacy patch's module.
-    target: str
-    aliases: tuple[str, ...]
-    requirements: tuple[Requirement, ...]
-    after: tuple[str, ...]
-    #: Top-level import name of the patched library.
-    library: str
-    library_installed: bool
+    __slots__ = (
+        "after",
+        "aliases",
+        "group",
+        "kind",
+        "library",
+        "library_installed",
+        "name",
+        "plugin",
+        "requirements",
+        "target",
+        "verdict",
+    )
+    _fields = ("plugin", "kind", "name", "group", "target", "aliases", "requirements", "after")
+
+    def __init__(
+        self,
+        plugin: str,
+        kind: str,
+        name: str,
+        group: str | None,
+        target: str,
+        aliases: tuple[str, ...],
+        requirements: tuple[Requirement, ...],
+        after: tuple[str, ...],
+        library: str,
+        library_installed: bool,
+        verdict: str | None = None,
+    ) -> None:
+        self.plugin = plugin
+        #: "patch", "hook" (ModuleHook) or "legacy".
+        self.kind = kind
+        self.name = name
+        self.group = group
+        #: Dotted target; a ModuleHook's module pattern; a legacy patch's module.
+        self.target = target
+        self.aliases = aliases
+        self.requirements = requirements
+        self.after = after
+        #: Top-level import name of the patched library.
+        self.library = library
+        self.library_installed = library_installed
+        #: Why the plan would not apply it besides requirements (disabled, opt-in, a
+        #: broken ``after=``), or None.
+        self.verdict = verdict
 
     @property
     def applicable(self) -> bool:
-        """Whether apply() would consider it here: its library is installed and in range."""
-        return self.library_installed and all(r.satisfied for r in self.requirements)
+        """Whether apply() would install it here: library installed, in range, not held back."""
+        return self.not_applicable_reason is None
 
     @property
     def not_applicable_reason(self) -> str | None:
@@ -83,18 +129,26 @@ class DeclaredPatch(NamedTuple):
         unmet = [r for r in self.requirements if not r.satisfied]
         if unmet:
             return f"requires {unmet[0].text}: {unmet[0].detail}"
-        return None
+        return self.verdict
 
 
-class DeclaredRule(NamedTuple):
-    plugin: str
-    #: "skip", "replace" or "inject".
-    kind: str
-    #: The module served (skip, replace) or injected into (inject).
-    module: str
-    description: str
-    #: For inject: the attribute set on ``module``.
-    attribute: str | None
+class DeclaredRule(Value):
+    """One import rule a plugin declares."""
+
+    __slots__ = ("attribute", "description", "kind", "module", "plugin")
+    _fields = ("plugin", "kind", "module", "description", "attribute")
+
+    def __init__(
+        self, plugin: str, kind: str, module: str, description: str, attribute: str | None
+    ) -> None:
+        self.plugin = plugin
+        #: "skip", "replace" or "inject".
+        self.kind = kind
+        #: The module served (skip, replace) or injected into (inject).
+        self.module = module
+        self.description = description
+        #: For inject: the attribute set on ``module``.
+        self.attribute = attribute
 
 
 class PluginInfo:
@@ -116,11 +170,20 @@ class PluginInfo:
         self.groups: dict[str, tuple[str, ...]] = {}
 
 
-class Inventory(NamedTuple):
-    plugins: list[PluginInfo]
-    #: Unknown names in the selection lists, and similar.
-    warnings: list[str]
-    selection: PluginSelection
+class Inventory:
+    """Every selected plugin and what its plan says: the doctor's and the scanner's view."""
+
+    def __init__(
+        self, plugins: list[PluginInfo], warnings: list[str], selection: PluginSelection
+    ) -> None:
+        self.plugins = plugins
+        #: Unknown names in the selection lists, and similar.
+        self.warnings = warnings
+        self.selection = selection
+        self._collisions: list[tuple[str, list[DeclaredPatch]]] = []
+        self._conflicts: list[tuple[str, str, str]] = []
+        self._missing: list[tuple[DeclaredPatch, str]] = []
+        self._known: set[str] = set()
 
     def loaded(self) -> list[PluginInfo]:
         return [p for p in self.plugins if p.status == "loaded"]
@@ -133,56 +196,28 @@ class Inventory(NamedTuple):
 
     def collisions(self) -> list[tuple[str, list[DeclaredPatch]]]:
         """Targets patched more than once (as target or alias), in declaration order."""
-        by_target: dict[str, list[DeclaredPatch]] = {}
-        for patch in self.patches():
-            if patch.kind != "patch":
-                continue
-            for path in (patch.target, *patch.aliases):
-                holders = by_target.setdefault(path, [])
-                if patch not in holders:
-                    holders.append(patch)
-        return [(target, found) for target, found in by_target.items() if len(found) > 1]
+        return list(self._collisions)
 
     def group_conflicts(self) -> list[tuple[str, str, str]]:
         """(plugin, group, other) for enabled groups that declare each other in conflicts_with."""
-        groups: dict[str, str] = {}
-        for plugin in self.loaded():
-            for group in plugin.groups:
-                groups.setdefault(group, plugin.name)
-        found: list[tuple[str, str, str]] = []
-        for plugin in self.loaded():
-            for group, others in plugin.groups.items():
-                found.extend((plugin.name, group, o) for o in others if o in groups and o != group)
-        return found
+        return list(self._conflicts)
 
     def missing_dependencies(self) -> list[tuple[DeclaredPatch, str]]:
         """Patches whose ``after=`` names no patch or group of any loaded plugin."""
-        names = {p.name for p in self.patches()} | {dotted(p.target) for p in self.patches()}
-        names |= {g for plugin in self.loaded() for g in plugin.groups}
-        return [(p, a) for p in self.patches() for a in p.after if a not in names]
+        return list(self._missing)
 
     def unknown_disabled(self, disabled: Iterable[str]) -> list[str]:
         """Warnings for names given to ``--disable`` that match no plugin, group or patch."""
-        known: set[str] = set()
-        for plugin in self.plugins:
-            known |= {plugin.name, normalize_name(plugin.provenance.distribution or plugin.name)}
-            known |= set(plugin.groups)
-            for patch in plugin.patches:
-                known |= {patch.name, patch.target, dotted(patch.target)}
         out = []
-        for name in disabled:
-            if name == "*" or name in known or normalize_name(name) in known:
-                continue
-            hint = difflib.get_close_matches(name, sorted(known), n=1)
+        for name in unknown_names(disabled, self._known):
+            from ._registry import close_match
+
+            hint = close_match(name, sorted(self._known))
             out.append(
                 f"--disable names {name!r}, which matches no plugin, group or patch"
-                + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                + (f" (did you mean {hint!r}?)" if hint else "")
             )
         return out
-
-
-def _library(target: str) -> str:
-    return target.replace(":", ".").partition(".")[0]
 
 
 class _Installed:
@@ -200,109 +235,71 @@ class _Installed:
         return self._known[name]
 
 
-def _requirements(texts: Iterable[str], meta: MetadataCache) -> tuple[Requirement, ...]:
-    out = []
-    for text in texts:
-        ok, why = check_requirement(text, meta)
-        out.append(Requirement(text, ok, why))
-    return tuple(out)
+def _library(target: str) -> str:
+    return target.replace(":", ".").partition(".")[0]
 
 
-def _declare(
-    plugin: PluginInfo,
-    item: object,
-    group: type[Patch] | None,
-    meta: MetadataCache,
-    installed: _Installed,
-) -> None:
-    group_name = group.name if group is not None else None
-    extra_requires: tuple[str, ...] = ()
-    extra_after: tuple[str, ...] = ()
-    if group is not None:
-        extra_requires = normalize_requires(group.requires, f"{group.__qualname__}.requires")
-        extra_after = tuple(group.after)
-    if isinstance(item, AtomicPatch):
-        library = _library(item.target)
-        plugin.patches.append(
-            DeclaredPatch(
-                plugin.name,
-                "patch",
-                item.name,
-                group_name,
-                dotted(item.target),
-                tuple(dotted(a) for a in item.aliases),
-                _requirements((*item.requires, *extra_requires), meta),
-                (*item.after, *extra_after),
-                library,
-                installed(library),
-            )
-        )
-    elif isinstance(item, ModuleHook):
-        library = _library(item.pattern)
-        plugin.patches.append(
-            DeclaredPatch(
-                plugin.name,
-                "hook",
-                item.name,
-                group_name,
-                item.pattern,
-                (),
-                _requirements((*item.requires, *extra_requires), meta),
-                (),
-                library,
-                installed(library),
-            )
-        )
-    elif isinstance(item, LegacyPatch):
-        module = item.target_module or "?"
-        library = _library(module)
-        plugin.patches.append(
-            DeclaredPatch(
-                plugin.name,
-                "legacy",
-                item.name,
-                group_name,
-                module,
-                (),
-                (),
-                (),
-                library,
-                installed(library),
-            )
-        )
-    else:
-        plugin.errors.append(
-            f"{group.__qualname__ if group else 'register_patches'} returned {item!r}"
-        )
+def _patch_of(entry: Entry, installed: _Installed) -> DeclaredPatch:
+    record = entry.record
+    verdict = None
+    if record.status in (SKIPPED, FAILED) and not (record.reason or "").startswith("requires "):
+        verdict = record.reason
+    library = _library(entry.patch.target)
+    return DeclaredPatch(
+        record.provenance.plugin or "?",
+        "patch",
+        entry.patch.name,
+        record.group,
+        dotted(entry.patch.target),
+        tuple(dotted(a) for a in entry.patch.aliases),
+        tuple(Requirement(*v) for v in entry.verdicts),
+        entry.after,
+        library,
+        installed(library),
+        verdict,
+    )
 
 
-def _expand(plugin: PluginInfo, items: Iterable[object], meta: MetadataCache) -> None:
-    installed = _Installed()
-    for item in items:
-        if isinstance(item, type) and issubclass(item, Patch):
-            plugin.groups[item.name] = tuple(item.conflicts_with)
-            try:
-                children = list(item.patches(None))
-            except Exception as exc:
-                plugin.errors.append(
-                    f"group {item.name}: {item.__qualname__}.patches() raised {type(exc).__name__}: {exc}"
-                )
-                continue
-            for child in children:
-                try:
-                    _declare(plugin, child, item, meta, installed)
-                except Exception as exc:
-                    plugin.errors.append(f"group {item.name}: {exc}")
-        else:
-            try:
-                _declare(plugin, item, None, meta, installed)
-            except Exception as exc:
-                plugin.errors.append(str(exc))
+def _hook_of(state: HookState, meta: MetadataCache, installed: _Installed) -> DeclaredPatch:
+    library = _library(state.hook.pattern)
+    requirements = tuple(Requirement(t, *check_requirement(t, meta)) for t in state.requires)
+    verdict = state.record.reason if state.record.status is not PENDING else None
+    return DeclaredPatch(
+        state.provenance.plugin or "?",
+        "hook",
+        state.hook.name,
+        state.group,
+        state.hook.pattern,
+        (),
+        requirements,
+        (),
+        library,
+        installed(library),
+        verdict,
+    )
+
+
+def _legacy_of(state: LegacyState, installed: _Installed) -> DeclaredPatch:
+    module = state.patch.target_module or "?"
+    library = _library(module)
+    verdict = state.record.reason if state.record.status is not PENDING else None
+    return DeclaredPatch(
+        state.provenance.plugin or "?", "legacy", state.patch.name, None, module, (), (), (),
+        library, installed(library), verdict,
+    )  # fmt: skip
 
 
 def _rule(plugin: str, rule: ImportRule) -> DeclaredRule:
     attribute = rule.name if isinstance(rule, InjectImport) else None
     return DeclaredRule(plugin, rule.kind, rule.module, rule.describe(), attribute)
+
+
+def _status(reason: str | None, failed: bool, skipped: bool) -> str:
+    if failed:
+        return "broken"
+    if skipped:
+        return "disabled" if "disabled" in (reason or "") else "not selected"
+    return "loaded"
 
 
 def collect(
@@ -311,31 +308,80 @@ def collect(
     plugins: Iterable[str] | None = None,
     meta: MetadataCache | None = None,
 ) -> Inventory:
-    """Load the selected plugins (switches from the environment, plus these) and list their declarations.
+    """Load the selected plugins (switches from the environment, plus these) and plan their declarations.
 
-    ``disable`` names plugins to leave unloaded (patch and group names are checked by
-    :meth:`Inventory.unknown_disabled`); ``plugins`` is an allow-list.
+    ``disable`` names plugins to leave unloaded and patches or groups to plan as
+    disabled; ``plugins`` is an allow-list. Opt-in groups enabled by
+    ``ASCEND_PATCH_ENABLE`` are planned as enabled, the others as held back.
     """
     meta = MetadataCache(persistent=False) if meta is None else meta
     disable = list(disable)
     selection = PluginSelection.from_env(plugins=list(plugins) if plugins is not None else None)
     loaded, records, warnings = load_plugins(selection, meta, also_disabled=disable)
     by_name = {plugin.name: plugin for plugin in loaded}
-    infos: list[PluginInfo] = []
+    infos: dict[str, PluginInfo] = {}
+    declared: list[Declared] = []
     for record in records:
-        if record.status is Status.FAILED:
-            status = "broken"
-        elif record.status is Status.SKIPPED:
-            status = "disabled" if "disabled" in (record.reason or "") else "not selected"
-        else:
-            status = "loaded"
-        info = PluginInfo(record.name, record.provenance, status, record.reason)
+        status = _status(record.reason, record.status is FAILED, record.status is SKIPPED)
+        info = infos[record.name] = PluginInfo(
+            record.name, record.provenance, status, record.reason
+        )
         info.warnings.extend(record.warnings)
         plugin = by_name.get(record.name)
-        if plugin is not None and status == "loaded":
-            info.provenance = plugin.provenance
-            info.env = list(plugin.env)
-            info.rules = [_rule(info.name, rule) for rule in plugin.rules]
-            _expand(info, plugin.patches, meta)
-        infos.append(info)
-    return Inventory(infos, warnings, selection)
+        if plugin is None or status != "loaded":
+            continue
+        info.provenance = plugin.provenance
+        info.env = list(plugin.env)
+        info.rules = [_rule(info.name, rule) for rule in plugin.rules]
+        declared.extend(Declared(item, None, plugin.provenance) for item in plugin.patches)
+    inventory = Inventory(list(infos.values()), warnings, selection)
+    ledger = Ledger()
+    planned = plan(
+        declared, ledger, meta, disabled=frozenset(disable), enabled=selection.enable, dry_run=True
+    )
+    _fill(inventory, infos, planned, ledger, meta, disable)
+    return inventory
+
+
+def _fill(
+    inventory: Inventory,
+    infos: dict[str, PluginInfo],
+    planned: Plan,
+    ledger: Ledger,
+    meta: MetadataCache,
+    disable: list[str],
+) -> None:
+    """Put the plan's entries, hooks and verdicts into the inventory, by plugin."""
+    installed = _Installed()
+    patch_of: dict[int, DeclaredPatch] = {}
+    for entry in ledger.entries:
+        patch = patch_of[id(entry)] = _patch_of(entry, installed)
+        infos[patch.plugin].patches.append(patch)
+    for state in ledger.hooks:
+        infos[state.provenance.plugin or "?"].patches.append(_hook_of(state, meta, installed))
+    for legacy in ledger.legacy:
+        infos[legacy.provenance.plugin or "?"].patches.append(_legacy_of(legacy, installed))
+    for name, (group, provenance) in planned.groups.items():
+        infos[provenance.plugin or "?"].groups[name] = tuple(group.conflicts_with)
+    for record in ledger.records:
+        if record.kind == "group" and record.status is FAILED and record.provenance.plugin:
+            infos[record.provenance.plugin].errors.append(f"group {record.name}: {record.reason}")
+    by_target: dict[str, list[DeclaredPatch]] = {}
+    for path, first, later in planned.collisions:
+        holders = by_target.setdefault(dotted(path), [patch_of[id(first)]])
+        holders.append(patch_of[id(later)])
+    inventory._collisions = list(by_target.items())
+    groups = {name: entry for name, entry in planned.groups.items()}
+    owner = {name: provenance.plugin or "?" for name, (_, provenance) in groups.items()}
+    inventory._conflicts = [
+        (owner[name], name, other)
+        for name, other in conflicting_groups([g for g, _ in groups.values()], disable)
+    ]
+    inventory._missing = [(patch_of[id(entry)], name) for entry, name in planned.missing_after]
+    known: set[str] = set()
+    for info in infos.values():
+        known |= {info.name, normalize_name(info.provenance.distribution or info.name)}
+        known |= set(info.groups)
+        for patch in info.patches:
+            known |= {patch.name, patch.target}
+    inventory._known = known

@@ -33,8 +33,8 @@ from ._patch import PatchLike
 from ._plan import Plan
 from ._plan import known_names
 from ._plan import plan
-from ._plan import unknown_names
 from ._registry import PluginSelection
+from ._registry import unknown_names
 from ._report import APPLIED
 from ._report import FAILED
 from ._report import USER

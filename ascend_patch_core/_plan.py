@@ -56,7 +56,6 @@ __all__ = [
     "enabled_by",
     "known_names",
     "plan",
-    "unknown_names",
 ]
 
 
@@ -185,15 +184,14 @@ def _plan_group(
         result.records.append(record)
 
     result.groups[group.name] = (group, provenance)
+    held_back = None
     if group.name in disabled or (group.legacy_name or "") in disabled:
-        group_record(SKIPPED, "disabled")
-        return
+        held_back = "disabled"
     # A group the user added is wanted, opt-in or not; a plugin's needs the switch.
-    if group.opt_in and provenance.plugin is not None and not enabled_by(group, enabled):
-        group_record(
-            SKIPPED,
-            f"opt-in: enable it with ASCEND_PATCH_ENABLE={group.name} or Patcher.enable({group.name!r})",
-        )
+    elif group.opt_in and provenance.plugin is not None and not enabled_by(group, enabled):
+        held_back = f"opt-in: enable it with ASCEND_PATCH_ENABLE={group.name} or Patcher.enable({group.name!r})"
+    if held_back is not None and not dry_run:
+        group_record(SKIPPED, held_back)
         return
     try:
         requires = group.normalized_requires()
@@ -206,6 +204,7 @@ def _plan_group(
             if not ok:
                 group_record(SKIPPED, f"requires {text}: {why}")
                 return
+    first_entry, first_hook = len(result.entries), len(result.hooks)
     try:
         children = list(group.patches(declaration.options))
     except Exception as exc:
@@ -220,6 +219,11 @@ def _plan_group(
             result.hooks.append(_new_hook(child, provenance, group, result, disabled, requires))
         else:
             group_record(FAILED, f"{group.__qualname__}.patches() returned {child!r}")
+    if held_back is not None:  # a dry run lists them, with the reason they would not apply
+        for entry in result.entries[first_entry:]:
+            entry.record.set(SKIPPED, held_back)
+        for hook in result.hooks[first_hook:]:
+            hook.record.set(SKIPPED, held_back)
 
 
 def _new_entry(
@@ -375,15 +379,6 @@ def conflicting_groups(
             if other in enabled and other != group.name
         )
     return found
-
-
-def unknown_names(names: Iterable[str], known: set[str]) -> list[str]:
-    """The names (from ``disable()`` or a switch) that match nothing known."""
-    from ._metadata import normalize_name
-
-    return sorted(
-        n for n in set(names) if n != "*" and n not in known and normalize_name(n) not in known
-    )
 
 
 def known_names(

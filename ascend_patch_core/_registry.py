@@ -43,7 +43,14 @@ if TYPE_CHECKING:
     from ._rules import ImportRule
 
 
-__all__ = ["HOOK_NAMES", "LoadedPlugin", "PluginSelection", "load_plugins"]
+__all__ = [
+    "HOOK_NAMES",
+    "LoadedPlugin",
+    "PluginSelection",
+    "close_match",
+    "load_plugins",
+    "unknown_names",
+]
 
 HOOK_NAMES = ("configure_env", "register_import_rules", "register_patches")
 _FALSE = ("0", "false", "no", "off", "")
@@ -144,10 +151,22 @@ class LoadedPlugin:
         self.patches: list[PatchLike] = []
 
 
-def _close_matches(word: str, candidates: Sequence[str]) -> list[str]:
+def unknown_names(names: Iterable[str], known: set[str]) -> list[str]:
+    """The names given to a switch (``disable()``, ``ASCEND_PATCH_DISABLE`` ...) that match nothing.
+
+    A name matches as written or as a normalized distribution name; ``*`` always does.
+    """
+    return sorted(
+        n for n in set(names) if n != "*" and n not in known and normalize_name(n) not in known
+    )
+
+
+def close_match(word: str, candidates: Sequence[str]) -> str | None:
+    """The candidate ``word`` was probably meant to be, for a "did you mean" hint."""
     import difflib  # only for error messages: ~1 ms to import
 
-    return difflib.get_close_matches(word, candidates, n=1)
+    found = difflib.get_close_matches(word, candidates, n=1)
+    return found[0] if found else None
 
 
 def _names_of(info: EntryPointInfo) -> set[str]:
@@ -212,17 +231,12 @@ def load_plugins(
         ("ASCEND_PATCH_DISABLE", selection.disable),
         ("ASCEND_PATCH_PLUGINS", selection.allow),
     ):
-        unknown = sorted(
-            n
-            for n in listed or ()
-            if n != "*" and n not in known and normalize_name(n) not in known
-        )
-        for name in unknown:
-            hint = _close_matches(name, sorted(known))
+        for name in unknown_names(listed or (), known):
+            hint = close_match(name, sorted(known))
             warnings.append(
                 f"{label} names {name!r}, which is not an installed plugin"
                 + (
-                    f" (did you mean {hint[0]!r}?)"
+                    f" (did you mean {hint!r}?)"
                     if hint
                     else f" (installed: {', '.join(sorted(known)) or 'none'})"
                 )
@@ -318,12 +332,12 @@ def _load_one(
         if attr.startswith("__"):
             continue
         if getattr(value, marker, None) is not None and attr not in HOOK_NAMES:
-            hint = _close_matches(attr, HOOK_NAMES)
+            hint = close_match(attr, HOOK_NAMES)
             _fail(
                 record,
                 f"implements unknown hook {attr!r}"
                 + (
-                    f"; did you mean {hint[0]!r}?"
+                    f"; did you mean {hint!r}?"
                     if hint
                     else f"; known hooks: {', '.join(HOOK_NAMES)}"
                 ),
