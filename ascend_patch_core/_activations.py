@@ -29,10 +29,11 @@ __all__ = ["Activations"]
 class Activations:
     """The import rules and environment variables one patcher put in place."""
 
-    __slots__ = ("_env_set", "_ledger", "rules")
+    __slots__ = ("_env_set", "_ledger", "_strict", "rules")
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, strict: Callable[[], bool]) -> None:
         self._ledger = ledger
+        self._strict = strict
         #: Active rules with their records, oldest first.
         self.rules: list[tuple[ImportRule, Record]] = []
         #: (name, value) of each variable this patcher wrote into os.environ.
@@ -44,6 +45,7 @@ class Activations:
         with self._ledger.lock:
             self._ledger.records.append(record)
             self.rules.append((rule, record))
+        rule.strict = self._strict
         rule.activate(record)
 
     def env(self, setting: EnvSetting, provenance: Provenance) -> None:

@@ -20,6 +20,7 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 Callback = Callable[[types.ModuleType], None]
+Callback2 = Callable[[str, types.ModuleType], None]
 
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
         def origin(self, fullname: str) -> str: ...
 
         def served(self, fullname: str, module: types.ModuleType) -> None: ...
+
+        def strict(self) -> bool: ...
 
 
 class _Watch:
@@ -123,11 +127,28 @@ class _RuleLoader(_LoaderBase):
     def __init__(self, rule: ServedModule, hub: ImportHub) -> None:
         self._rule = rule
         self._hub = hub
+        #: The real module's spec, when the rule could not build its module (not strict).
+        self._real: importlib.machinery.ModuleSpec | None = None
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return self._rule.build(spec.name, spec)
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        try:
+            return self._rule.build(spec.name, spec)
+        except PatchError:
+            # A rule that cannot serve must not break the user's import: outside strict
+            # mode the real module is imported instead (the rule's record says FAILED).
+            if self._rule.strict():
+                raise
+            real = self._hub.real_spec(spec.name)
+            if real is None or real.loader is None:
+                raise
+            self._real = real
+            create = getattr(real.loader, "create_module", None)
+            return create(real) if create is not None else None
 
     def exec_module(self, module: types.ModuleType) -> None:
+        if self._real is not None:
+            self._exec_real(module, self._real)
+            return
         name = module.__spec__.name if module.__spec__ is not None else module.__name__
         final = sys.modules.get(name, module)
         replacement = getattr(module, "__ascend_patch_alias__", None)
@@ -138,6 +159,17 @@ class _RuleLoader(_LoaderBase):
             final = replacement
         self._rule.served(name, final)
         self._hub.notify(name, final)
+
+    def _exec_real(self, module: types.ModuleType, real: importlib.machinery.ModuleSpec) -> None:
+        # importlib set the module up from the rule's spec: make it the real one's.
+        module.__spec__, module.__loader__ = real, real.loader
+        if real.has_location and real.origin:
+            module.__file__ = real.origin
+        if real.submodule_search_locations is not None:
+            module.__path__ = list(real.submodule_search_locations)
+        real.loader.exec_module(module)  # type: ignore[union-attr]
+        name = real.name
+        self._hub.notify(name, sys.modules.get(name, module))
 
 
 def _namespace_loader(fullname: str, path: Any) -> Any:
@@ -171,6 +203,9 @@ class ImportHub:
         self._served_trees: dict[str, ServedModule] = {}
         #: Root package names for which a subtree rule or pattern exists.
         self._roots: frozenset[str] = frozenset()
+        #: Called with (name, module) when an import fails in its callbacks (strict
+        #: mode): importlib then drops the module. Weak, so no patcher is kept alive.
+        self._failure_listeners: list[weakref.WeakMethod[Callback2]] = []
 
     # -- registration -------------------------------------------------------------
 
@@ -213,6 +248,12 @@ class ImportHub:
             self._recompute_roots()
             self._ensure_installed()
         return handle
+
+    def when_import_fails(self, listener: Callback2) -> None:
+        """Call the bound method ``listener(name, module)`` when a callback fails an import."""
+        with self._lock:
+            self._failure_listeners = [r for r in self._failure_listeners if r() is not None]
+            self._failure_listeners.append(weakref.WeakMethod(listener))
 
     def unwatch(self, handle: _Watch | _PatternWatch) -> None:
         with self._lock:
@@ -289,6 +330,12 @@ class ImportHub:
         spec.loader = _NotifyingLoader(spec.loader, self)
         return spec
 
+    def real_spec(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
+        """The spec the other finders give ``fullname`` (its parent package is imported)."""
+        parent = sys.modules.get(fullname.rpartition(".")[0]) if "." in fullname else None
+        path = getattr(parent, "__path__", None)
+        return self._find_real_spec(fullname, path, None)
+
     def _find_real_spec(
         self,
         fullname: str,
@@ -321,6 +368,12 @@ class ImportHub:
         callbacks = [h.callback for h in handles] + [p.callback for p in patterns]
         depth = getattr(_local, "callback_depth", 0)
         _local.callback_depth = depth + 1
+        # importlib marks the module initialized only after its loader returns, that is
+        # after these callbacks; for this thread, though, its body has run.
+        finished = getattr(_local, "finished", None)
+        if finished is None:
+            finished = _local.finished = set()
+        finished.add(name)
         try:
             for callback in callbacks:
                 try:
@@ -335,7 +388,14 @@ class ImportHub:
                     )
         finally:
             _local.callback_depth = depth
+            finished.discard(name)
         if errors:
+            # The import fails and importlib drops the module: what was installed on it
+            # is gone with it, and those who installed it must say so.
+            for ref in list(self._failure_listeners):
+                listener = ref()
+                if listener is not None:
+                    listener(name, module)
             raise errors[0]
 
     # -- internals ----------------------------------------------------------------
@@ -433,8 +493,15 @@ def import_in_progress(name: str) -> bool:
 
 
 def initializing(module: types.ModuleType | None) -> bool:
+    """Whether ``module`` is still running its body (as this thread sees it)."""
     spec = getattr(module, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
+    if not getattr(spec, "_initializing", False):
+        return False
+    # Inside the post-import callbacks of this module the body is done, though
+    # importlib will mark it so only when they return (else a patch would wait for
+    # the end of an import that has already ended, for ever).
+    finished = getattr(_local, "finished", None)
+    return not (finished and getattr(spec, "name", None) in finished)
 
 
 #: The single hub of this process.

@@ -30,6 +30,7 @@ from ._errors import PatchError
 from ._errors import SkipPatch
 from ._hub import hub
 from ._hub import import_in_progress
+from ._hub import in_import_callback
 from ._hub import initializing
 from ._hub import wait_for_import
 from ._ledger import Ledger
@@ -78,6 +79,9 @@ class Installer:
         #: (len(sys.modules), module_ids()): asked again only when sys.modules grew
         #: (a replacement's import) since the last installation.
         self._snapshot: tuple[int, frozenset[int]] | None = None
+        #: Entries that failed, in strict mode, while their module was being imported.
+        self._failed_in_import: list[tuple[Entry, str]] = []
+        hub.when_import_fails(self._import_failed)
 
     # ------------------------------------------------------------------ advancing
 
@@ -170,6 +174,36 @@ class Installer:
     def advance_dependents(self, entry: Entry) -> None:
         for dependent in list(entry.dependents):
             self.advance(dependent)
+
+    def _import_failed(self, name: str, module: types.ModuleType) -> None:
+        """The import of ``name`` failed (strict mode) and importlib drops the module.
+
+        Its patches were installed on a module nobody will see: take them out of the
+        log and wait for the next import, like the patch that failed it. The report
+        then says what is true: pending, not applied.
+        """
+        from ._undo import restore_site
+
+        with self.ledger.lock:
+            reopen = [e for e, where in self._failed_in_import if where == name]
+            self._failed_in_import = [(e, w) for e, w in self._failed_in_import if w != name]
+            on_module = [
+                e
+                for e in self.ledger.entries
+                if e.record.status is APPLIED and e.slot is not None and e.slot.module == name
+            ]
+            for entry in on_module:
+                self.log.remove(entry)
+        for entry in on_module:
+            restore_site(entry, self.ledger.warn)
+        with self.ledger.lock:
+            for entry in (*on_module, *reopen):
+                entry.claimed = False
+                entry.original = entry.replacement = entry.new_inner = None
+                # Wait for the next import: the module is still in sys.modules until
+                # importlib drops it when this callback returns.
+                self._wait_for(entry, name)
+                entry.record.reason = f"waiting for import of {name} (its last import failed)"
 
     def finish(self, entry: Entry, status: Status, reason: str | None) -> None:
         """End an entry's life with ``status`` (under the lock) and stop its watches."""
@@ -343,6 +377,9 @@ class Installer:
             with self.ledger.lock:
                 self.finish(entry, FAILED, f"{reason} [{who(entry)}]")
             if self._strict():
+                if in_import_callback():
+                    with self.ledger.lock:
+                        self._failed_in_import.append((entry, slot.module))
                 self.advance_dependents(entry)
                 raise PatchError(
                     f"ascend-patch (strict): could not apply {who(entry)}: {reason}"

@@ -92,11 +92,17 @@ class Patcher:
         self._hooks = HookRunner(
             self._installer, lambda: frozenset(self._config.disabled), lambda: self._strict
         )
-        self._activations = Activations(self._ledger)
+        self._activations = Activations(self._ledger, self._rules_strict)
         self._sessions: list[Session] = []
         self._applied = False
         self._applying_thread: int | None = None
         self._apply_finished = threading.Event()
+
+    def _rules_strict(self) -> bool:
+        # Rules act before apply() settles strictness: the argument, else the switch.
+        if self._applied or self._applying_thread is not None:
+            return self._strict
+        return self._config.selection().strict
 
     # ------------------------------------------------------------------ configuration
 

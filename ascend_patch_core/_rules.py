@@ -27,6 +27,10 @@ from ._report import Status
 __all__ = ["ImportRule", "InjectImport", "ReplaceImport", "SkipImport"]
 
 
+def _never() -> bool:
+    return False
+
+
 def _module_name(name: object, where: str) -> str:
     if not isinstance(name, str) or not name or not is_dotted_name(name):
         raise PatchDefinitionError(f"{where}: {name!r} is not a dotted module name")
@@ -43,6 +47,9 @@ class ImportRule:
         self.module = module
         self.record: Record | None = None
         self._created: list[str] = []
+        #: Whether a failure to serve the module raises (the activating patcher's
+        #: strict mode) or falls back to the real module.
+        self.strict: Callable[[], bool] = _never
 
     # The patcher drives these two.
     def activate(self, record: Record) -> None:
@@ -221,7 +228,8 @@ class ReplaceImport(_ServedRule):
             return module
         except Exception as exc:
             if self.record is not None:
-                self.record.set(Status.FAILED, f"could not build the module: {exc!r}")
+                fallback = "" if self.strict() else "; the real module was imported instead"
+                self.record.set(Status.FAILED, f"could not build the module: {exc!r}{fallback}")
             raise ImportRuleError(
                 f"ascend-patch {self.describe()}: could not build the module: {exc}"
             ) from exc
