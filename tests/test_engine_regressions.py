@@ -161,9 +161,7 @@ def test_strict_failure_during_an_import_leaves_no_patch_of_that_module_applied(
     make_package: PackageFactory,
 ) -> None:
     """The failed import drops the module: its other patches are not reported applied, and a retry patches."""
-    pkg = make_package(
-        {"core.py": "def a():\n    return 'a'\n\ndef b():\n    return 'b'\n"}
-    )
+    pkg = make_package({"core.py": "def a():\n    return 'a'\n\ndef b():\n    return 'b'\n"})
     broken: dict[str, Any] = {"on": True}
 
     def maybe_broken(replacement: Any) -> Any:
@@ -215,9 +213,7 @@ def test_a_replace_import_that_cannot_be_built_raises_in_strict_mode(
     make_package: PackageFactory,
 ) -> None:
     pkg = make_package({"real.py": "VALUE = 'real'\n"})
-    patcher = Patcher(strict=True).replace_import(
-        f"{pkg}.real", "nosuchpackage_apx.factory:build"
-    )
+    patcher = Patcher(strict=True).replace_import(f"{pkg}.real", "nosuchpackage_apx.factory:build")
     try:
         with pytest.raises(Exception, match="nosuchpackage_apx"):
             imp(f"{pkg}.real")

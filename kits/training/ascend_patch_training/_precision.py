@@ -240,10 +240,9 @@ class PrecisionCheck:
                 if root in self._import_watches or self._closed:
                     continue
                 self._import_watches[root] = []
-            handles = [
-                imports.on_every_import(f"{root}.*", self._imported),
-                imports.when_imported(root, self._root_imported),
-            ]
+            handles = [imports.on_every_import(f"{root}.*", self._imported)]
+            if root not in sys.modules:  # an imported root has no import left to see
+                handles.append(imports.on_import(root, self._root_imported))
             with self._lock:
                 self._import_watches[root] = handles
 
