@@ -20,13 +20,10 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import BatchMatmul
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["BatchMatmul", "batch_matmul_patches", "batch_matvec", "is_batched_matvec"]
+__all__ = ["batch_matmul_patches", "batch_matvec", "is_batched_matvec"]
 
 _types: tuple[Any, tuple[Any, ...]] | None = None
 

@@ -27,14 +27,10 @@ from ._calls import Param
 from ._calls import always
 from ._calls import device
 from ._calls import rewrite_call
-
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import CudaApi
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["CudaApi", "cuda_api_patches", "npu_module", "to_npu_function", "to_npu_memory_function"]
+__all__ = ["cuda_api_patches", "npu_module", "to_npu_function", "to_npu_memory_function"]
 
 
 def npu_module() -> Any:

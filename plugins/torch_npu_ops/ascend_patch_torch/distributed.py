@@ -26,17 +26,12 @@ from ._calls import cuda_check
 from ._calls import rewrite_call
 from .devices import NPU
 from .devices import to_npu_spec
-
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import Distributed
 from .redirect import redirect_patch
 from .runtime import npu_runtime_importable
 
 
 __all__ = [
     "HCCL",
-    "Distributed",
     "distributed_patches",
     "emulated",
     "is_hccl_available",

@@ -2,9 +2,11 @@
 
 This module is what ``apply()`` imports. It imports no patch family: a group's
 ``patches()`` imports its family module only when the group is built, which the
-core does only after the group's ``requires`` holds and it is not disabled. So a
-machine without torch_npu pays for 16 class definitions, not for the ~10 modules
-that implement the redirect (see docs/benchmarks.md, in-torch start-up).
+core does only after the group's ``requires`` holds, it is not disabled and, for an
+opt-in group (``opt_in = True``), it is enabled (``ASCEND_PATCH_ENABLE``). So a
+machine without torch_npu pays for the class definitions below, not for the modules
+that implement the redirect (see docs/benchmarks.md, in-torch start-up). The family
+modules do not import this one: import a group from here.
 """
 
 from __future__ import annotations
@@ -259,6 +261,8 @@ class TensorIndex(Patch):
     """``x[bool_mask]`` -> ``masked_select`` (opt-in: a check on every tensor indexing)."""
 
     legacy_name = "index"
+    #: Skipped unless enabled by name: ``ASCEND_PATCH_ENABLE=TensorIndex`` (or ``index``).
+    opt_in = True
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
@@ -269,6 +273,9 @@ class TensorIndex(Patch):
 
 class FusedOptimizers(Patch):
     """``torch.optim.Adam/AdamW/SGD`` -> ``fused=True`` for NPU parameters (opt-in)."""
+
+    #: Skipped unless enabled by name: ``ASCEND_PATCH_ENABLE=FusedOptimizers``.
+    opt_in = True
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:

@@ -27,15 +27,11 @@ from ascend_patch_core import AtomicPatch
 from ._calls import Param
 from ._calls import always
 from .devices import NPU
-
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import TorchInternals
 from .redirect import redirect_patch
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["AllowedMethods", "TorchInternals", "torch_internals_patches"]
+__all__ = ["AllowedMethods", "torch_internals_patches"]
 
 
 def _available_device_type(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -23,12 +23,8 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import NumpyCompat
 
-
-__all__ = ["ALIASES", "NumpyCompat", "asfarray", "in1d", "msort", "numpy_compat_patches"]
+__all__ = ["ALIASES", "asfarray", "in1d", "msort", "numpy_compat_patches"]
 
 
 def asfarray(a: Any, dtype: Any = None) -> Any:

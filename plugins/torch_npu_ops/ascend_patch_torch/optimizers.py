@@ -10,7 +10,7 @@ NPU tensors are CPU tensors, torch's CPU kernels run them.
 Only constructions that leave ``fused`` and ``foreach`` unset are changed (those
 count as replacement calls), and only when every parameter is a floating-point NPU
 tensor and ``differentiable`` is off; anything else is built exactly as written.
-Opt-in (``ASCEND_PATCH_TORCH_OPT_IN=FusedOptimizers``): a fused step rounds
+Opt-in (``ASCEND_PATCH_ENABLE=FusedOptimizers``): a fused step rounds
 differently from the per-parameter one, so results move in the last bits.
 """
 
@@ -24,13 +24,10 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import FusedOptimizers
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["FusedOptimizers", "fused_kernels_available", "fused_optimizers_patches"]
+__all__ = ["fused_kernels_available", "fused_optimizers_patches"]
 
 # optimizer class path -> the aten op its fused path calls
 _OPTIMIZERS = {

@@ -8,34 +8,10 @@ target module is imported.
 
 from __future__ import annotations
 
-import os
-
 from ascend_patch_core import Patch
 from ascend_patch_core import hookimpl
 
 from . import groups
-
-
-#: Patch groups applied only when named in ``ASCEND_PATCH_TORCH_OPT_IN`` (comma-separated,
-#: ``*`` for all): they cost something on every call of a hot function.
-OPT_IN: dict[str, type[Patch]] = {
-    "TensorIndex": groups.TensorIndex,
-    "FusedOptimizers": groups.FusedOptimizers,
-}
-
-
-def _opted_in() -> list[type[Patch]]:
-    names = {n.strip() for n in os.environ.get("ASCEND_PATCH_TORCH_OPT_IN", "").split(",")}
-    names.discard("")
-    if "*" in names:
-        return list(OPT_IN.values())
-    unknown = names - OPT_IN.keys()
-    if unknown:
-        raise ValueError(
-            f"ASCEND_PATCH_TORCH_OPT_IN names {sorted(unknown)}; the opt-in patch groups are"
-            f" {sorted(OPT_IN)} (or '*' for all)"
-        )
-    return [group for name, group in OPT_IN.items() if name in names]
 
 
 @hookimpl
@@ -71,7 +47,11 @@ def register_patches() -> list[type[Patch]]:
 
     if scatter_patches.torch_scatter_installed():
         declared.append(groups.TorchScatter)
-    return declared + _opted_in()
+    # Opt-in (``opt_in = True``): always declared, skipped by the core unless enabled by
+    # name (ASCEND_PATCH_ENABLE=TensorIndex, apply(enable=...), Patcher.enable(...)):
+    # they cost something on every call of a hot function.
+    declared += [groups.TensorIndex, groups.FusedOptimizers]
+    return declared
 
 
 @hookimpl

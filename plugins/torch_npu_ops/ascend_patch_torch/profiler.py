@@ -25,13 +25,10 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import Profiler
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["Profiler", "npu_profiler_importable", "profiler_patches"]
+__all__ = ["npu_profiler_importable", "profiler_patches"]
 
 _NPU_PROFILER = "ascend_patch_torch._npu_profiler"
 

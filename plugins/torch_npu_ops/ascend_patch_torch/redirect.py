@@ -39,31 +39,10 @@ from ._calls import device
 from .devices import NPU
 from .devices import is_cuda_spec
 from .devices import to_npu_spec
-
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import Autocast
-from .groups import DeviceContext
-from .groups import FactoryDevices
-from .groups import GeneratorAndEvent
-from .groups import ModuleDevices
-from .groups import ScriptBuiltins
-from .groups import Serialization
-from .groups import Storages
-from .groups import TensorDevices
 from .runtime import npu_runtime_importable
 
 
 __all__ = [
-    "Autocast",
-    "DeviceContext",
-    "FactoryDevices",
-    "GeneratorAndEvent",
-    "ModuleDevices",
-    "ScriptBuiltins",
-    "Serialization",
-    "Storages",
-    "TensorDevices",
     "autocast_patches",
     "device_context_patches",
     "factory_devices_patches",

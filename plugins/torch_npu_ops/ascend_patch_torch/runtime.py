@@ -18,15 +18,8 @@ from typing import Any
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import ModuleHook
 
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import NPU_RUNTIME
-from .groups import NpuRuntime
-
 
 __all__ = [
-    "NPU_RUNTIME",
-    "NpuRuntime",
     "import_npu_runtime",
     "npu_runtime_importable",
     "npu_runtime_patches",

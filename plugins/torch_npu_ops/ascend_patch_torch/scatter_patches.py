@@ -20,9 +20,6 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import TorchScatter
 from .runtime import npu_runtime_importable
 
 
@@ -31,7 +28,6 @@ if TYPE_CHECKING:
 
 
 __all__ = [
-    "TorchScatter",
     "import_rules",
     "on_npu",
     "torch_scatter_installed",

@@ -11,7 +11,7 @@ Cost: ``Tensor.__getitem__`` runs on every ``x[...]`` in the program, so a Pytho
 check there costs about a microsecond per indexing (``benchmarks`` entry
 ``torch_plugin_tensor_index``). The check rejects anything but a bare bool tensor
 with two type tests, but the patch is still **opt-in**
-(``ASCEND_PATCH_TORCH_OPT_IN=TensorIndex``), as the docs say.
+(``ASCEND_PATCH_ENABLE=TensorIndex``), as the docs say.
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-# Declared in groups.py (imported by apply() without this module); re-exported here
-# for code written against the module the group used to live in.
-from .groups import TensorIndex
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["TensorIndex", "is_bool_mask", "masked_index", "tensor_index_patches"]
+__all__ = ["is_bool_mask", "masked_index", "tensor_index_patches"]
 
 _tensor_type: Any = None
 _bool: Any = None

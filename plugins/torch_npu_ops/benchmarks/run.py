@@ -32,7 +32,6 @@ def main() -> None:
     activate()
     import torch
     from ascend_patch_torch import plugin
-    from ascend_patch_torch.groups import BatchMatmul
     from ascend_patch_torch.groups import TensorIndex
 
     x = torch.arange(64.0).reshape(16, 4)
@@ -57,7 +56,10 @@ def main() -> None:
     )
 
     patcher = Patcher(autoload=False)
-    groups: list[type[Patch]] = [*plugin.register_patches(), TensorIndex, BatchMatmul]
+    # The default groups (BatchMatmul among them), and the opt-in TensorIndex: a group
+    # added by hand is on.
+    groups: list[type[Patch]] = [g for g in plugin.register_patches() if not g.opt_in]
+    groups.append(TensorIndex)
     for group in groups:
         patcher.add(group)
 

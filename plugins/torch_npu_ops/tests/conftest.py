@@ -39,11 +39,15 @@ def torch_scatter():
 
 @pytest.fixture
 def redirect(npu_emulator, isolated_patcher):
-    """The plugin's default patch groups, applied under the NPU emulator; reverted afterwards."""
+    """The plugin's default patch groups, applied under the NPU emulator; reverted afterwards.
+
+    The opt-in groups are left out: a group added by hand is always on.
+    """
     from ascend_patch_torch import plugin
 
     for group in plugin.register_patches():
-        isolated_patcher.add(group)
+        if not group.opt_in:
+            isolated_patcher.add(group)
     isolated_patcher.apply()
     return isolated_patcher
 

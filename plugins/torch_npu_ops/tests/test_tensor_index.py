@@ -73,17 +73,6 @@ def test_other_indexes_go_to_torch(index):
     assert not is_bool_mask(x, index)
 
 
-def test_opt_in_through_the_environment(monkeypatch, npu_emulator, isolated_patcher):
-    from ascend_patch_torch import plugin
-
-    assert TensorIndex not in plugin.register_patches()
-    monkeypatch.setenv("ASCEND_PATCH_TORCH_OPT_IN", "TensorIndex")
-    assert TensorIndex in plugin.register_patches()
-    monkeypatch.setenv("ASCEND_PATCH_TORCH_OPT_IN", "TensorIdx")
-    with pytest.raises(ValueError, match="TensorIndex"):
-        plugin.register_patches()
-
-
 def test_patched_indexing_is_counted_and_exact(npu_emulator, isolated_patcher):
     isolated_patcher.add(TensorIndex).apply()
     x = torch.arange(12.0, device="npu").reshape(4, 3)
