@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
 
-from ._env import EnvSetting
 from ._errors import ImportRuleError
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
@@ -31,6 +30,7 @@ from ._errors import SkipPatch
 from ._errors import StubUsageError
 from ._hookspecs import hookimpl
 from ._patch import AtomicPatch
+from ._patch import EnvSetting
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
 from ._patch import Patch

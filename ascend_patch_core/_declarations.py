@@ -18,11 +18,11 @@ from collections.abc import Iterable
 
 from ._entries import Entry
 from ._entries import HookState
+from ._entries import Ledger
 from ._entries import LegacyState
-from ._env import EnvSetting
-from ._ledger import Ledger
 from ._metadata import MetadataCache
 from ._metadata import normalize_name
+from ._patch import EnvSetting
 from ._plan import Declared
 from ._plan import Plan
 from ._plan import conflicting_groups

@@ -1,14 +1,20 @@
-"""The engine's bookkeeping for one patch, hook or 1.0 patch: typed, one status vocabulary.
+"""The engine's bookkeeping: one entry per patch, hook or 1.0 patch, and the ledger of them all.
 
 An entry's state is its record's :class:`Status` (what the report shows), plus one
 flag, ``claimed``: the thread installing it owns it from then on. So "pending and
 not claimed" is open (planned, or waiting for an import or a dependency); "pending
 and claimed" is being installed; applied, skipped, failed and reverted are what
 they say.
+
+The ledger holds what one patcher planned and did -- records, warnings, entries --
+and the lock that guards them. The Patcher, the planner, the installer and the undo
+log all share it. Every mutation happens under ``lock`` (re-entrant), held only for
+bookkeeping; no import starts and no user code runs while it is held.
 """
 
 from __future__ import annotations
 
+import threading
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +38,7 @@ __all__ = [
     "NOT_APPLIED",
     "Entry",
     "HookState",
+    "Ledger",
     "LegacyState",
     "Site",
     "Skip",
@@ -338,3 +345,63 @@ def dependency_order(entries: list[Entry]) -> list[Entry]:
     for entry in entries:
         place(entry, set())
     return ordered
+
+
+class Ledger:
+    """Records, warnings and entries of one patcher, with their indexes."""
+
+    __slots__ = (
+        "by_target",
+        "entries",
+        "hooks",
+        "legacy",
+        "lock",
+        "records",
+        "warnings",
+    )
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        #: Every record of the report, in the order things were declared.
+        self.records: list[Record] = []
+        self.warnings: list[str] = []
+        self.entries: list[Entry] = []
+        self.hooks: list[HookState] = []
+        self.legacy: list[LegacyState] = []
+        #: First live entry per normalized target or alias path.
+        self.by_target: dict[str, Entry] = {}
+
+    def warn(self, message: str) -> None:
+        with self.lock:
+            if message not in self.warnings:
+                self.warnings.append(message)
+
+    def add(self, entries: list[Entry], hooks: list[HookState], legacy: list[LegacyState]) -> None:
+        """Take planned entries in (the planner has already indexed them)."""
+        with self.lock:
+            self.entries.extend(entries)
+            self.hooks.extend(hooks)
+            self.legacy.extend(legacy)
+
+    def holder_of(self, path: str) -> Entry | None:
+        """The live entry that patches ``path`` (as target or alias), if any."""
+        entry = self.by_target.get(norm_target(path))
+        if entry is not None and entry.status in NOT_APPLIED:
+            return None
+        return entry
+
+    def clear(self) -> tuple[list[Entry], list[HookState], list[LegacyState]]:
+        """Forget every entry (revert): return what was there."""
+        with self.lock:
+            entries, self.entries = self.entries, []
+            hooks, self.hooks = self.hooks, []
+            legacy, self.legacy = self.legacy, []
+            self.by_target = {}
+        return entries, hooks, legacy
+
+    def take_report(self) -> tuple[list[Record], list[str]]:
+        """Hand the records and warnings over (revert) and start empty ones."""
+        with self.lock:
+            records, self.records = self.records, []
+            warnings, self.warnings = self.warnings, []
+        return records, warnings

@@ -22,7 +22,7 @@ import pluggy
 
 
 if TYPE_CHECKING:
-    from ._env import EnvSetting
+    from ._patch import EnvSetting
     from ._patch import PatchLike
     from ._rules import ImportRule
 

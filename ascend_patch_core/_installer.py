@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._entries import Entry
+from ._entries import Ledger
 from ._entries import Site
 from ._entries import Skip
 from ._entries import who
@@ -33,7 +34,6 @@ from ._hub import import_in_progress
 from ._hub import in_import_callback
 from ._hub import initializing
 from ._hub import wait_for_import
-from ._ledger import Ledger
 from ._replacement import build_replacement
 from ._replacement import wrapper_maker
 from ._report import APPLIED
@@ -245,7 +245,7 @@ class Installer:
                 slot = (
                     None
                     if entry.deps or patch.after_import or (crowded and id(entry) in crowded)
-                    else resolve_global(patch.path)
+                    else resolve_global(patch.path, patch.create)
                 )
                 if slot is None or entry.claimed or entry.record.status is not PENDING:
                     later.append(entry)
@@ -269,7 +269,8 @@ class Installer:
                 else:
                     to_build.append((entry, slot))
                     continue
-                entry.replacement, entry.new_inner, entry.original = replacement, new, original
+                entry.replacement, entry.new_inner = replacement, new
+                entry.original = None if original is ABSENT else original  # create=True
                 setattr(owner, slot.key, new)
                 entry.slot, entry.installed, entry.installed_inner = slot, new, new
                 entry.modules_before = modules_before

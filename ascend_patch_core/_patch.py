@@ -1,4 +1,5 @@
-"""Declarations: AtomicPatch (one target), Patch (a named group), ModuleHook, LegacyPatch.
+"""Declarations: AtomicPatch (one target), Patch (a named group), ModuleHook, LegacyPatch,
+and EnvSetting (an environment default a plugin recommends).
 
 Declaring a patch does nothing: no import, no resolution. A Patcher decides when.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -18,10 +20,12 @@ from typing import Union
 
 from ._errors import PatchDefinitionError
 from ._target import TargetPath
+from ._value import Value
 
 
 __all__ = [
     "AtomicPatch",
+    "EnvSetting",
     "LegacyPatch",
     "ModuleHook",
     "Patch",
@@ -154,11 +158,11 @@ class AtomicPatch:
 
     def call_precheck(self, original: Any) -> object:
         """Call the precheck with the keyword arguments it declares."""
-        assert self.precheck is not None
-        signature = shared_signature(self.precheck)
-        if signature is None:
-            return self.precheck()
-        parameters = signature.parameters
+        precheck = self.precheck
+        assert precheck is not None
+        wanted = _keyword_names(precheck)
+        if not wanted:
+            return precheck()
         offered = {
             "target": self.target,
             "replacement": self.replacement,
@@ -167,9 +171,9 @@ class AtomicPatch:
             "replacement_wrapper": self.replacement_wrapper,
             "target_wrapper": self.target_wrapper,
         }
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            return self.precheck(**offered)
-        return self.precheck(**{k: v for k, v in offered.items() if k in parameters})
+        if wanted is _ALL:
+            return precheck(**offered)
+        return precheck(**{k: v for k, v in offered.items() if k in wanted})
 
 
 class ModuleHook:
@@ -244,15 +248,7 @@ class LegacyPatch:
         return f"LegacyPatch({self.name!r}, target_module={self.target_module!r})"
 
 
-class _PatchMeta(type):
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        # 1.0 compatibility: Patch(func, options) declares a function-style patch.
-        if cls is Patch and args and callable(args[0]) and not isinstance(args[0], type):
-            return LegacyPatch(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
-
-
-class Patch(metaclass=_PatchMeta):
+class Patch:
     """A named group of patches. Subclass it and implement :meth:`patches`.
 
     Class attributes: ``name`` (defaults to the class name), ``conflicts_with`` (names
@@ -271,6 +267,13 @@ class Patch(metaclass=_PatchMeta):
     after: ClassVar[Sequence[str]] = ()
     legacy_name: ClassVar[str | None] = None
     opt_in: ClassVar[bool] = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # 1.0 compatibility: Patch(func, options) declares a function-style patch. (Not
+        # a metaclass: every plugin group is a subclass, and their creation is budgeted.)
+        if cls is Patch and args and callable(args[0]) and not isinstance(args[0], type):
+            return LegacyPatch(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -302,6 +305,31 @@ def is_import_rule(obj: object) -> bool:
     return rules is not None and isinstance(obj, rules.ImportRule)
 
 
+#: What _keyword_names answers for a callable taking ``**kwargs``.
+_ALL: frozenset[str] = frozenset(("*",))
+
+
+def _keyword_names(func: Callable[..., object]) -> frozenset[str]:
+    """The parameter names ``func`` can take by keyword (``_ALL`` with ``**kwargs``).
+
+    Read from the code object of a plain function (plugins give each patch its own
+    precheck closure: inspect.signature would cost ~10 us each), else from its signature.
+    """
+    code = getattr(func, "__code__", None)
+    if type(func) is types.FunctionType and code is not None:
+        if code.co_flags & inspect.CO_VARKEYWORDS:
+            return _ALL
+        start = code.co_posonlyargcount
+        return frozenset(code.co_varnames[start : code.co_argcount + code.co_kwonlyargcount])
+    signature = shared_signature(func)
+    if signature is None:
+        return frozenset()
+    parameters = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return _ALL
+    return frozenset(p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+
+
 def signature_of(obj: Callable[..., Any]) -> inspect.Signature | None:
     """``inspect.signature(obj)``, or None for a callable without one (some builtins)."""
     try:
@@ -330,3 +358,25 @@ def shared_signature(func: Callable[..., object]) -> inspect.Signature | None:
         return found
     _shared_signatures[key] = (ref, found)
     return found
+
+
+class EnvSetting(Value):
+    """A recommended environment variable: written only if the user has not set it."""
+
+    __module__ = "ascend_patch_core"
+    __slots__ = ("name", "value", "why")
+    _fields = ("name", "value", "why")
+
+    def __init__(self, name: str, value: str, why: str = "") -> None:
+        if not isinstance(name, str) or not name or "=" in name:
+            raise PatchDefinitionError(f"EnvSetting: invalid variable name {name!r}")
+        if not isinstance(value, str):
+            raise PatchDefinitionError(
+                f"EnvSetting({name!r}): value must be a string, got {value!r}"
+            )
+        self.name = name
+        self.value = value
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"EnvSetting({self.name!r}, {self.value!r}, why={self.why!r})"

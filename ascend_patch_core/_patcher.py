@@ -16,15 +16,13 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 
-from ._activations import Activations
 from ._config import PatcherConfig
 from ._config import name_of
+from ._entries import Ledger
 from ._errors import PatchDefinitionError
 from ._errors import PatchError
 from ._installer import Installer
-from ._ledger import Ledger
 from ._metadata import metadata
-from ._module_hooks import HookRunner
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
@@ -40,11 +38,13 @@ from ._report import FAILED
 from ._report import USER
 from ._report import InstalledPatch
 from ._report import Report
+from ._sources import Activations
 from ._sources import PluginDeclarations
 from ._sources import load_declarations
 
 
 if TYPE_CHECKING:
+    from ._module_hooks import HookRunner
     from ._rules import ImportRule
     from ._settings import Session
 
@@ -89,9 +89,7 @@ class Patcher:
         # What apply() did (cleared by revert()).
         self._ledger = Ledger()
         self._installer = Installer(self._ledger, lambda: self._strict)
-        self._hooks = HookRunner(
-            self._installer, lambda: frozenset(self._config.disabled), lambda: self._strict
-        )
+        self._hooks: HookRunner | None = None  # made when a hook or 1.0 patch is planned
         self._activations = Activations(self._ledger, self._rules_strict)
         self._sessions: list[Session] = []
         self._applied = False
@@ -372,10 +370,17 @@ class Patcher:
     def _start(self, planned: Plan) -> None:
         crowded = frozenset(id(e) for _, first, later in planned.collisions for e in (first, later))
         self._installer.install_ready(planned.entries, crowded)
-        for hook in planned.hooks:
-            self._hooks.start_hook(hook)
-        for state in planned.legacy:
-            self._hooks.start_legacy(state)
+        if planned.hooks or planned.legacy:
+            if self._hooks is None:
+                from ._module_hooks import HookRunner
+
+                self._hooks = HookRunner(
+                    self._installer, lambda: frozenset(self._config.disabled), lambda: self._strict
+                )
+            for hook in planned.hooks:
+                self._hooks.start_hook(hook)
+            for state in planned.legacy:
+                self._hooks.start_legacy(state)
         if self.rebind_stale or any(e.patch.rebind for e in self._installer.stale_candidates):
             self._look_for_stale()  # rebinding cannot wait for someone to read the report
 

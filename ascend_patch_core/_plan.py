@@ -25,6 +25,7 @@ from typing import Any
 from ._entries import NOT_APPLIED
 from ._entries import Entry
 from ._entries import HookState
+from ._entries import Ledger
 from ._entries import LegacyState
 from ._entries import dependency_order
 from ._entries import in_cycle
@@ -32,7 +33,6 @@ from ._entries import norm_target
 from ._entries import who
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
-from ._ledger import Ledger
 from ._metadata import MetadataCache
 from ._patch import AtomicPatch
 from ._patch import ModuleHook

@@ -17,17 +17,17 @@ import os
 import sys
 import types
 from collections.abc import Iterable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
 from . import _hookspecs
-from ._env import EnvSetting
-from ._env import normalize_env
 from ._metadata import EntryPointInfo
 from ._metadata import MetadataCache
 from ._metadata import normalize_name
 from ._patch import AtomicPatch
+from ._patch import EnvSetting
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
 from ._patch import Patch
@@ -407,3 +407,18 @@ def _collect(plugin: LoadedPlugin, hook_name: str, result: object) -> None:
             f"register_patches returned {bad[0]!r}; expected Patch subclasses, AtomicPatch or ModuleHook objects"
         )
     plugin.patches.extend(items)
+
+
+def normalize_env(result: object) -> list[EnvSetting]:
+    """Accept what a ``configure_env`` hook may return; raise TypeError otherwise."""
+    if result is None:
+        return []
+    if isinstance(result, Mapping):
+        return [EnvSetting(str(k), v) for k, v in result.items()]
+    if isinstance(result, Iterable) and not isinstance(result, (str, bytes)):
+        items = list(result)
+        bad = [x for x in items if not isinstance(x, EnvSetting)]
+        if bad:
+            raise TypeError(f"expected EnvSetting objects, got {bad[0]!r}")
+        return items
+    raise TypeError(f"expected a mapping or EnvSetting objects, got {type(result).__name__}")

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import cast
 
+from ._entries import Ledger
 from ._errors import PatchDefinitionError
-from ._ledger import Ledger
 from ._metadata import metadata
 from ._report import FAILED
 from ._report import Record

@@ -2,29 +2,40 @@
 
 Loads the selected plugins (``_registry``, each in isolation) and turns what their
 hooks returned into declarations for the planner, with the plugin's provenance.
+Import rules and environment defaults -- the plugins' and the user's -- are put in
+place by :class:`Activations` at once, and taken back by revert(): a rule stops
+serving its module, a variable a plugin set is unset again (one the user set is
+never touched).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ._env import EnvSetting
+from ._entries import Ledger
 from ._errors import PluginError
 from ._metadata import metadata
 from ._metadata import normalize_name
+from ._patch import EnvSetting
 from ._plan import Declared
 from ._registry import PluginSelection
 from ._registry import load_plugins
+from ._report import APPLIED
+from ._report import FAILED
+from ._report import PENDING
+from ._report import REVERTED
+from ._report import SKIPPED
 from ._report import Provenance
 from ._report import Record
-from ._report import Status
 
 
 if TYPE_CHECKING:
     from ._rules import ImportRule
 
-__all__ = ["PluginDeclarations", "load_declarations"]
+__all__ = ["Activations", "PluginDeclarations", "load_declarations"]
 
 
 class PluginDeclarations:
@@ -43,7 +54,7 @@ class PluginDeclarations:
 
     def raise_if_broken(self) -> None:
         """Strict mode: a broken plugin, or a warning about the selection, is an error."""
-        failed = [r.reason or r.name for r in self.records if r.status is Status.FAILED]
+        failed = [r.reason or r.name for r in self.records if r.status is FAILED]
         if failed or self.warnings:
             raise PluginError("ascend-patch (strict): " + "; ".join([*failed, *self.warnings]))
 
@@ -73,9 +84,61 @@ def load_declarations(
         distribution = normalize_name(plugin.provenance.distribution or plugin.name)
         found.plugin_names |= {plugin.name, distribution}
         if plugin.name in off or (plugin.provenance.distribution and distribution in off):
-            plugin.record.set(Status.SKIPPED, "disabled by Patcher.disable()")
+            plugin.record.set(SKIPPED, "disabled by Patcher.disable()")
             continue
         found.env.extend((setting, plugin.provenance) for setting in plugin.env)
         found.rules.extend((rule, plugin.provenance) for rule in plugin.rules)
         found.declared.extend(Declared(item, None, plugin.provenance) for item in plugin.patches)
     return found
+
+
+class Activations:
+    """The import rules and environment variables one patcher put in place."""
+
+    __slots__ = ("_env_set", "_ledger", "_strict", "rules")
+
+    def __init__(self, ledger: Ledger, strict: Callable[[], bool]) -> None:
+        self._ledger = ledger
+        self._strict = strict
+        #: Active rules with their records, oldest first.
+        self.rules: list[tuple[ImportRule, Record]] = []
+        #: (name, value) of each variable this patcher wrote into os.environ.
+        self._env_set: list[tuple[str, str]] = []
+
+    def rule(self, rule: ImportRule, provenance: Provenance) -> None:
+        """Start serving ``rule`` (it imports nothing now; it acts when its module is imported)."""
+        record = Record("rule", rule.describe(), rule.module, provenance=provenance)
+        with self._ledger.lock:
+            self._ledger.records.append(record)
+            self.rules.append((rule, record))
+        rule.strict = self._strict
+        rule.activate(record)
+
+    def env(self, setting: EnvSetting, provenance: Provenance) -> None:
+        """Write a plugin's recommended variable, unless the user set it already."""
+        record = Record(
+            "env", setting.name, f"{setting.name}={setting.value}", provenance=provenance
+        )
+        current = os.environ.get(setting.name)
+        if current is not None:
+            record.set(SKIPPED, f"the user set {setting.name}={current}")
+        else:
+            os.environ[setting.name] = setting.value
+            self._env_set.append((setting.name, setting.value))
+            record.set(APPLIED, setting.why or None)
+        with self._ledger.lock:
+            self._ledger.records.append(record)
+
+    def undo(self, warn: Callable[[str], None]) -> None:
+        """Deactivate the rules and unset the variables, newest first."""
+        with self._ledger.lock:
+            rules, self.rules = self.rules, []
+            env_set, self._env_set = self._env_set, []
+        for rule, record in reversed(rules):
+            for warning in rule.deactivate():
+                warn(warning)
+            if record.status in (APPLIED, PENDING):
+                record.set(REVERTED, None)
+        for name, value in reversed(env_set):
+            if os.environ.get(name) == value:
+                del os.environ[name]

@@ -117,7 +117,7 @@ class Slot:
 ABSENT = object()
 
 
-def resolve_global(path: TargetPath) -> Slot | None:
+def resolve_global(path: TargetPath, create: bool = False) -> Slot | None:
     """The slot of a module global in a loaded module, or None when the path is not one.
 
     The common case of :func:`resolve`, answered from ``sys.modules`` alone (no file
@@ -133,7 +133,9 @@ def resolve_global(path: TargetPath) -> Slot | None:
     name = path.segments[-1].name
     namespace = owner.__dict__
     if name not in namespace:
-        return None
+        # A name the patch makes is made here too (as resolve() would); one that must
+        # exist takes resolve()'s way, which tells "not yet imported" from "missing".
+        return Slot("module", owner, name, ABSENT, False, module) if create else None
     return Slot("module", owner, name, namespace[name], True, module)
 
 
@@ -177,12 +179,13 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
                 value = namespace[seg.name]
             elif loaded_child is not None:
                 value = loaded_child
+            elif last and create:
+                # An attribute the patch makes (NumpyCompat adds back ~40 removed numpy
+                # aliases): no file-system probe for a submodule of that name.
+                return Slot("module", obj, seg.name, ABSENT, False, module_name)
             else:
-                sub = _submodule_may_exist(obj, child_name)
-                if sub:
+                if _submodule_may_exist(obj, child_name):
                     return Waiting(child_name)
-                if last and create:
-                    return Slot("module", obj, seg.name, ABSENT, False, module_name)
                 return Missing(f"{module_name} has no attribute {seg.name!r}")
             if last:
                 return Slot("module", obj, seg.name, value, True, module_name)

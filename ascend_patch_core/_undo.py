@@ -27,8 +27,8 @@ from ._stale import loaded_modules
 
 
 if TYPE_CHECKING:
+    from ._entries import Ledger
     from ._installer import Installer
-    from ._ledger import Ledger
     from ._settings import Session
 
 
