@@ -66,6 +66,8 @@ class RunOptions(NamedTuple):
     disable: tuple[str, ...] = ()
     #: Allow-list of plugins (``ASCEND_PATCH_PLUGINS``); None = all.
     plugins: tuple[str, ...] | None = None
+    #: Opt-in patch groups to turn on (``Patcher.enable``).
+    enable: tuple[str, ...] = ()
     strict: bool = False
     emulate_npu: bool = False
     #: torch_npu version the emulator imitates; None = its default.
@@ -116,6 +118,7 @@ class RunOptions(NamedTuple):
         keys = (
             "disable",
             "plugins",
+            "enable",
             "strict",
             "emulate_npu",
             "npu_version",
@@ -130,6 +133,7 @@ def _checked(key: str, value: Any) -> Any:
     expected: dict[str, type | tuple[type, ...]] = {
         "disable": list,
         "plugins": list,
+        "enable": list,
         "strict": bool,
         "emulate_npu": bool,
         "npu_version": str,
@@ -205,6 +209,8 @@ def start(options: RunOptions, *, role: str) -> Any:
     )
     if options.disable:
         patcher.disable(*options.disable)
+    if options.enable:
+        patcher.enable(*options.enable)
     if options.profile is not None:
         patcher.with_profiling(options.profile)
     if options.brake_at is not None:

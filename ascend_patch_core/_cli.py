@@ -57,6 +57,12 @@ def _selection_options(parser: argparse.ArgumentParser, *, what: str) -> None:
         metavar="NAMES",
         help="comma-separated allow-list of plugins (repeatable); replaces ASCEND_PATCH_PLUGINS",
     )
+    parser.add_argument(
+        "--enable",
+        action="append",
+        metavar="NAMES",
+        help="comma-separated opt-in patch groups to turn on ('*': all; repeatable); adds to ASCEND_PATCH_ENABLE",
+    )
 
 
 def _names(values: Sequence[str] | None) -> list[str]:
@@ -217,6 +223,7 @@ def _doctor(ns: argparse.Namespace) -> int:
     result = _doctor.diagnose(
         disable=_names(ns.disable),
         plugins=_names(ns.plugins) if ns.plugins else None,
+        enable=_names(ns.enable),
         try_import=ns.try_import,
         strict=ns.strict,
     )
@@ -237,7 +244,9 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     if not os.path.exists(ns.path):
         parser.error(f"scan: {ns.path!r} does not exist")
     inventory = collect(
-        disable=_names(ns.disable), plugins=_names(ns.plugins) if ns.plugins else None
+        disable=_names(ns.disable),
+        plugins=_names(ns.plugins) if ns.plugins else None,
+        enable=_names(ns.enable),
     )
     result = _scan.scan(ns.path, inventory=inventory, exclude=ns.exclude)
     if ns.json:

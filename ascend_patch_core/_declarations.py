@@ -306,17 +306,20 @@ def collect(
     *,
     disable: Iterable[str] = (),
     plugins: Iterable[str] | None = None,
+    enable: Iterable[str] = (),
     meta: MetadataCache | None = None,
 ) -> Inventory:
     """Load the selected plugins (switches from the environment, plus these) and plan their declarations.
 
     ``disable`` names plugins to leave unloaded and patches or groups to plan as
-    disabled; ``plugins`` is an allow-list. Opt-in groups enabled by
+    disabled; ``plugins`` is an allow-list. Opt-in groups named by ``enable`` or
     ``ASCEND_PATCH_ENABLE`` are planned as enabled, the others as held back.
     """
     meta = MetadataCache(persistent=False) if meta is None else meta
     disable = list(disable)
-    selection = PluginSelection.from_env(plugins=list(plugins) if plugins is not None else None)
+    selection = PluginSelection.from_env(
+        plugins=list(plugins) if plugins is not None else None, enable=list(enable)
+    )
     loaded, records, warnings = load_plugins(selection, meta, also_disabled=disable)
     by_name = {plugin.name: plugin for plugin in loaded}
     infos: dict[str, PluginInfo] = {}

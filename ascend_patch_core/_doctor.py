@@ -18,14 +18,14 @@ from collections.abc import Iterable
 from typing import Any
 from typing import TextIO
 
-from . import _environment
+from . import _npu_stack
 from ._bootstrap import PTH_NAME
 from ._declarations import DeclaredPatch
 from ._declarations import Inventory
 from ._declarations import PluginInfo
 from ._declarations import collect
-from ._environment import Finding
 from ._metadata import MetadataCache
+from ._npu_stack import Finding
 from ._output import Style
 from ._output import table
 
@@ -306,6 +306,7 @@ def diagnose(
     *,
     disable: Iterable[str] = (),
     plugins: Iterable[str] | None = None,
+    enable: Iterable[str] = (),
     try_import: bool = False,
     strict: bool = False,
 ) -> dict[str, Any]:
@@ -313,17 +314,17 @@ def diagnose(
     started = time.perf_counter()
     disable = list(disable)
     meta = MetadataCache(persistent=False)
-    inventory = collect(disable=disable, plugins=plugins, meta=meta)
+    inventory = collect(disable=disable, plugins=plugins, enable=enable, meta=meta)
     core = _core_info(meta)
-    torch = _environment.torch_info(meta)
+    torch = _npu_stack.torch_info(meta)
     facts: dict[str, Any] = {
-        "python": _environment.python_info(),
+        "python": _npu_stack.python_info(),
         "torch": torch,
-        "torch_npu": _environment.torch_npu_info(meta, torch["version"], try_import),
-        "cann": _environment.cann_info(),
-        "npu": _environment.npu_info(),
+        "torch_npu": _npu_stack.torch_npu_info(meta, torch["version"], try_import),
+        "cann": _npu_stack.cann_info(),
+        "npu": _npu_stack.npu_info(),
     }
-    variables, env_findings = _environment.variable_findings(facts)
+    variables, env_findings = _npu_stack.variable_findings(facts)
     facts["variables"] = variables
     findings = _plugin_findings(inventory, disable) + _stack_findings(facts, core) + env_findings
     order = {"error": 0, "warning": 1, "note": 2}

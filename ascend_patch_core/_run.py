@@ -25,7 +25,7 @@ from ._bootstrap import RunOptions
 __all__ = ["OPTIONS_WITH_VALUE", "RunTarget", "UsageError", "run", "split_argv"]
 
 #: ``run`` options that take a value (``--opt VALUE`` or ``--opt=VALUE``).
-OPTIONS_WITH_VALUE = ("--disable", "--plugins", "--report", "--profile", "--brake-at")
+OPTIONS_WITH_VALUE = ("--disable", "--plugins", "--enable", "--report", "--profile", "--brake-at")
 
 _THIS_FILE = __file__
 
@@ -99,6 +99,7 @@ def options_from_args(ns: Any) -> RunOptions:
     return RunOptions(
         disable=_names(ns.disable),
         plugins=_names(ns.plugins) if ns.plugins else None,
+        enable=_names(getattr(ns, "enable", None)),
         strict=bool(ns.strict),
         emulate_npu=emulate,
         npu_version=version,

@@ -109,3 +109,52 @@ def test_a_misspelt_name_is_reported(torch_plugin, monkeypatch):
     report = torch_plugin(strict=False).report
     assert any("TensorIdx" in warning for warning in report.warnings), report.warnings
     assert report.get("TensorIndex", kind="group").status is Status.SKIPPED
+
+
+def _cli(*args, cwd, env=None):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = shutil.which("ascend-patch", path=str(Path(sys.executable).parent))
+    assert script is not None, "the ascend-patch command is not installed in this environment"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH_")}
+    environment["ASCEND_PATCH_CACHE_DIR"] = str(Path(cwd) / "cache")
+    return subprocess.run(
+        [script, *args], cwd=cwd, env={**environment, **(env or {})}, capture_output=True, text=True
+    )
+
+
+def test_ascend_patch_run_enable_turns_an_opt_in_group_on(tmp_path):
+    """ascend-patch run --enable TensorIndex applies it in the program (and only it); doctor plans the same."""
+    import json
+
+    (tmp_path / "prog.py").write_text(
+        "import torch\nprint(torch.zeros(3, 2)[torch.tensor([0, 2])].shape)\n"
+    )
+    result = _cli(
+        "run", "--emulate-npu", "--enable", "TensorIndex", "--report", "r.json", "prog.py", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "torch.Size([2, 2])" in result.stdout
+    run_report = json.loads((tmp_path / "r.json").read_text())
+    assert run_report["options"]["enable"] == ["TensorIndex"]
+    records = run_report["processes"][0]["report"]["records"]
+    groups = {r["name"]: r for r in records if r["kind"] == "group"}
+    index = [r for r in records if r["kind"] == "patch" and r["group"] == "TensorIndex"]
+    assert index and all(r["status"] == "applied" for r in index)
+    assert groups["FusedOptimizers"]["status"] == "skipped"
+    assert "opt-in" in groups["FusedOptimizers"]["reason"]
+
+    doctor = _cli("doctor", "--json", "--enable", "TensorIndex", cwd=tmp_path)
+    data = json.loads(doctor.stdout)
+    torch_plugin = next(p for p in data["plugins"] if p["name"] == "torch")
+    by_group = {}
+    for patch in torch_plugin["patches"]:
+        by_group.setdefault(patch["group"], []).append(patch)
+    assert all(p["not_applicable_reason"] != "opt-in" for p in by_group["TensorIndex"])
+    assert all(
+        (p["not_applicable_reason"] or "").startswith("opt-in") for p in by_group["FusedOptimizers"]
+    )

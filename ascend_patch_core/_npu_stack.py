@@ -1,4 +1,8 @@
-"""Facts about the NPU software stack, read without importing torch or torch_npu.
+"""The doctor's NPU-stack section: torch_npu, CANN, NPUs, the variables that steer them.
+
+The engine knows nothing of these (NPU runtime settings are the torch plugin's);
+only ``ascend-patch doctor`` reads them. Facts about the NPU software stack, read
+without importing torch or torch_npu.
 
 Everything here comes from distribution metadata, files the CANN installer writes,
 ``npu-smi`` and the environment. Importing torch costs seconds and importing
