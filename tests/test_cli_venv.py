@@ -3,7 +3,11 @@ wheel, the three first-party plugins, a broken throwaway plugin distribution and
 
 * ``ascend-patch doctor`` finds all five plugins, explains the broken one and exits 1;
 * the wheel put the start hook into site-packages, so ``ascend-patch run`` patches spawned
-  children there too; ``pip uninstall`` removes the hook again.
+  children there too; ``pip uninstall`` removes the hook again;
+* neither kit is installed there (the documented minimal install), and what needs one says
+  exactly what to install: ``run --emulate-npu`` names ``ascend-patch-core[emulator]``, the
+  training settings name ``ascend-patch-core[training]``; no pytest plugin is registered, and
+  doctor finds nothing wrong with the kits' absence.
 
 (The editable install's start hook is what the rest of the suite runs with: nox installs the
 project with ``pip install -e``; tests/test_cli_run.py checks it.)
@@ -280,6 +284,108 @@ def test_run_patches_spawned_children_through_the_wheel_installed_hook(
 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"main": "patched", "children": ["patched", "patched"]}
+
+
+KIT_PROBE = """
+import importlib.metadata as md, importlib.util, json
+from ascend_patch_core import Patcher, PatchDefinitionError
+
+calls = {
+    "brake_at": lambda p: p.brake_at(3),
+    "with_profiling": lambda p: p.with_profiling("out"),
+    "with_precision_check": lambda p: p.with_precision_check(),
+}
+raised = {}
+for name, call in calls.items():
+    try:
+        call(Patcher())
+    except PatchDefinitionError as exc:
+        raised[name] = str(exc)
+    except Exception as exc:
+        raised[name] = f"not a PatchDefinitionError: {type(exc).__name__}: {exc}"
+    else:
+        raised[name] = None
+print(json.dumps({
+    "kits_found": [n for n in ("ascend_patch_emulator", "ascend_patch_training")
+                   if importlib.util.find_spec(n) is not None],
+    "pytest11": [f"{ep.name} = {ep.value}" for ep in md.entry_points(group="pytest11")],
+    "raised": raised,
+}))
+"""
+
+
+def test_run_emulate_npu_without_the_emulator_names_the_extra_and_runs_nothing(
+    venv: Venv, tmp_path: Path
+) -> None:
+    """Without the emulator kit, run --emulate-npu stops before the program with exit 2 and names ascend-patch-core[emulator]."""
+    (tmp_path / "prog.py").write_text("open('ran', 'w').close()\nprint('ran')\n")
+
+    done = subprocess.run(
+        [str(venv.cli), "run", "--disable", "apx_broken", "--emulate-npu", "prog.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+
+    assert not (tmp_path / "ran").exists() and done.stdout == ""
+    assert done.returncode == 2, done.stderr  # a start error is reported like a usage error
+    assert done.stderr.startswith("ascend-patch run: "), done.stderr
+    assert "pip install 'ascend-patch-core[emulator]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_without_the_kits_training_settings_name_the_extra_and_no_pytest_plugin_is_registered(
+    venv: Venv, tmp_path: Path
+) -> None:
+    """Without the training kit, brake_at/with_profiling/with_precision_check raise PatchDefinitionError naming what to install; no pytest11 plugin."""
+    done = subprocess.run(
+        [str(venv.python), "-c", KIT_PROBE],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["kits_found"] == []  # the premise: this is the minimal install
+    for method, message in result["raised"].items():
+        assert message is not None, f"Patcher().{method}() raised nothing"
+        assert "ascend-patch-training" in message, (method, message)
+        assert "pip install 'ascend-patch-core[training]'" in message, (method, message)
+        assert f"Patcher.{method}()" in message, (method, message)
+    assert not [ep for ep in result["pytest11"] if ep.startswith("ascend_patch = ")], result
+    assert not [ep for ep in result["pytest11"] if "ascend_patch" in ep.partition(" = ")[2]], result
+
+
+def test_doctor_without_the_kits_finds_nothing_wrong_with_their_absence(
+    venv: Venv, tmp_path: Path
+) -> None:
+    """doctor --json without either kit: exit 0, no error or warning about the kits, the emulator's absence a note at most."""
+    done = subprocess.run(
+        [str(venv.cli), "doctor", "--json", "--disable", "apx_broken"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert (result["core"]["emulator"], result["core"]["training"]) == (None, None)
+    assert result["core"]["emulator_entry_point"] is False
+    findings = result["findings"]
+    assert [f for f in findings if f["level"] == "error"] == []
+    about_kits = [
+        f
+        for f in findings
+        if any(word in f["message"].lower() for word in ("emulator", "training", "kit"))
+    ]
+    assert [f for f in about_kits if f["level"] != "note"] == [], findings
 
 
 def test_uninstall_removes_the_start_hook(venv: Venv) -> None:
