@@ -280,12 +280,7 @@ class Installer:
                     stale.append(entry)
                 record = entry.record
                 record.status, record.reason = APPLIED, None
-                if (
-                    entry.dependents
-                    or entry.alias_sites
-                    or type(new) is not _FUNCTION
-                    or "__ascend_patch_with_imports__" in new.__dict__
-                ):
+                if entry.dependents or entry.alias_sites or _may_be_lazy(new):
                     follow_up.append(entry)
         for entry in follow_up:
             self._after_install(entry, entry.slot, entry.installed, True)  # type: ignore[arg-type]
@@ -440,10 +435,14 @@ def _run_precheck(patch: Any, original: Any) -> None:
 
 
 def _may_be_lazy(inner: Any) -> bool:
-    """Whether ``inner`` may be a with_imports trampoline (which carries a marker in its __dict__)."""
-    return (
-        type(inner) is not types.FunctionType or "__ascend_patch_with_imports__" in inner.__dict__
-    )
+    """Whether ``inner`` is a with_imports trampoline (a function with a marker in its __dict__).
+
+    Seen through a staticmethod or classmethod; anything else (a class, a constant, a
+    builtin) is not one.
+    """
+    if type(inner) in (staticmethod, classmethod):
+        inner = inner.__func__
+    return type(inner) is _FUNCTION and "__ascend_patch_with_imports__" in inner.__dict__
 
 
 def _module_locks() -> Any:
