@@ -135,7 +135,14 @@ def test_ascend_patch_run_enable_turns_an_opt_in_group_on(tmp_path):
         "import torch\nprint(torch.zeros(3, 2)[torch.tensor([0, 2])].shape)\n"
     )
     result = _cli(
-        "run", "--emulate-npu", "--enable", "TensorIndex", "--report", "r.json", "prog.py", cwd=tmp_path
+        "run",
+        "--emulate-npu",
+        "--enable",
+        "TensorIndex",
+        "--report",
+        "r.json",
+        "prog.py",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     assert "torch.Size([2, 2])" in result.stdout
