@@ -165,15 +165,104 @@ def torch_plugin(session: nox.Session) -> None:
     )
 
 
+#: The bench session's second environment: the project from regular wheels.
+BENCH_REGULAR_VENV = ROOT / ".nox" / "bench-regular"
+
+
+def project_sources(destination: Path) -> None:
+    """Copy what a clean clone of the project holds (with uncommitted edits) to destination.
+
+    Wheels are built from this copy, not in place: building in the work tree would write
+    build/ and *.egg-info there, and setuptools would pack whatever stale modules an
+    earlier build left in build/lib.
+    """
+    import shutil
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode == 0:
+        for name in filter(None, listed.stdout.split("\0")):
+            source = ROOT / name
+            if source.is_file():
+                (destination / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, destination / name)
+        return
+    shutil.copytree(
+        ROOT,
+        destination,
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns(
+            ".git", ".nox", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*cache*"
+        ),
+    )
+
+
+def regular_install(session: nox.Session) -> Path:
+    """A second environment: requirements/bench.txt, and the project as regular wheels.
+
+    The core, the kits and the plugins are built into wheels (``pip wheel
+    --no-build-isolation``, from a copy of the sources) and installed as users get them:
+    no editable finder, no source tree on the path. Returns its interpreter. Kept under
+    .nox/ and reused like the session's own environment; the wheels are rebuilt and
+    reinstalled on every run, so it always holds the current code.
+    """
+    import tempfile
+
+    python = BENCH_REGULAR_VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if not python.exists():
+        session.run("python", "-m", "venv", "--clear", str(BENCH_REGULAR_VENV))
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+    session.run(*pip, "install", "-r", "requirements/bench.txt", external=True)
+    with tempfile.TemporaryDirectory(prefix="ap-bench-wheels-") as tmp:
+        sources, wheels = Path(tmp) / "src", Path(tmp) / "wheels"
+        project_sources(sources)
+        directories = [str(sources / d) for d in [".", *DISTRIBUTIONS]]
+        session.run(
+            *pip,
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-w",
+            str(wheels),
+            *directories,
+            external=True,
+        )
+        built = [str(w) for w in sorted(wheels.glob("*.whl"))]
+        # Replace what an earlier run installed (same version, new code), then let pip
+        # add the dependencies (pluggy, packaging) a fresh environment still lacks.
+        session.run(*pip, "install", "--force-reinstall", "--no-deps", *built, external=True)
+        session.run(*pip, "install", *built, external=True)
+    return python
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Run the benchmarks (benchmarks/run.py). Extra args go to the script."""
+    """Run the benchmarks (benchmarks/run.py). Extra args go to the script.
+
+    Start-up is measured in two environments with the same requirements (bench.txt:
+    the test requirements plus numpy): this one, with the project installed editable,
+    and a second one with the project installed from regular wheels, as users have it
+    (editable installs add an import finder users do not have).
+    """
     script = ROOT / "benchmarks" / "run.py"
     if not script.is_file():
         session.log("No benchmarks yet: benchmarks/run.py does not exist.")
         return
     install_project(session)
-    session.run("python", str(script.relative_to(ROOT)), *session.posargs)
+    session.install("-r", "requirements/bench.txt")
+    regular = regular_install(session)
+    session.run(
+        "python",
+        str(script.relative_to(ROOT)),
+        "--regular-python",
+        str(regular),
+        *session.posargs,
+    )
 
 
 @nox.session(python=PYTHON)

@@ -1,10 +1,12 @@
 """Per-patch cost of ascend_patch_core next to DrivingSDK's ``mx_driving.patcher``.
 
-Run with ``python benchmarks/reference.py [--reference PATH] [--n 1000] [--rounds 7]
-[--scaling 1000,2000,5000]``. PATH is a DrivingSDK work tree or a bare git dir (default:
-``$ASCEND_PATCH_REFERENCE``, else the local mirror); its ``mx_driving/patcher/*.py`` are
-copied, with an empty ``mx_driving/__init__.py`` (no stub needed), into a temporary
-directory put first on ``sys.path``. Nothing of the reference is kept in this repository.
+Run with ``python benchmarks/reference.py [--reference PATH] [--n 1000] [--rounds 15]
+[--scaling 1000,2000,5000] [--json]``; ``benchmarks/run.py`` runs it in a fresh
+interpreter as its section "per patch, beside mx_driving.patcher". PATH is a DrivingSDK
+work tree or a bare git dir (default: ``$ASCEND_PATCH_REFERENCE``, else the local
+mirror); its ``mx_driving/patcher/*.py`` are copied, with an empty
+``mx_driving/__init__.py`` (no stub needed), into a temporary directory put first on
+``sys.path``. Nothing of the reference is kept in this repository.
 
 Workload, identical for both sides: a fresh module (``types.ModuleType``, registered in
 ``sys.modules``, so already imported) holding N functions ``f0..f{N-1}(x, y=1)``, N
@@ -18,10 +20,14 @@ and (ours only: the reference's ``__exit__`` does nothing) ``.revert()``; per ca
 directly, with timeit. The garbage collector runs before and is off during each timed
 block, as in timeit. Every apply is checked to have installed all N patches.
 
-Sides and variants are interleaved in a shuffled order every round; the minimum over
-rounds is reported, the median in brackets (the machine is shared and noisy). The
-scaling table times add(), apply() and revert() (plain variant) at several N and gives
-the log-log slope of total time between the smallest and largest N (1.0 = linear).
+Statistics (the machine is shared and noisy): in every round each variant measures
+both sides back to back, variants and the order of the sides shuffled, and the round's
+ratio ours/reference is recorded per measure. Reported per side: min over rounds and
+the median; per measure: the median of the per-round ratios, which is what the verdict
+uses (<= 1.00: ours no slower). The scaling table times add(), apply() and revert()
+(plain variant) at several N, both sides back to back at each N, and gives the log-log
+slope of total time between the smallest and largest N (1.0 = linear), from the minima
+over rounds (the medians' slope beside it).
 
 Logging: the reference's logger (``mx_driving.patcher``, own StreamHandler) is set above
 CRITICAL, every event action to "silent" and its summary off, so it prints nothing; it
@@ -39,6 +45,7 @@ import datetime
 import gc
 import io
 import itertools
+import json
 import logging
 import math
 import os
@@ -64,6 +71,11 @@ HOW_TO_GET = (
 )
 CALLS = 200_000
 VARIANTS = ("plain", "runtime_check")
+SIDES = ("ours", "reference")
+#: Measures timed per patch (µs/patch) and per call (ns/call).
+PER_PATCH = ("add", "apply", "revert")
+#: The largest log-log slope still called linear.
+LINEAR = 1.1
 _unique = itertools.count()
 _code: dict[tuple[int, str], types.CodeType] = {}
 Classes = tuple[type, type]  # (AtomicPatch, Patcher)
@@ -73,14 +85,19 @@ def check(x, y=1):
     return True
 
 
+def locate(reference: str | None = None) -> Path | None:
+    """The reference to use: ``reference``, else $ASCEND_PATCH_REFERENCE, else the mirror."""
+    chosen = reference or os.environ.get("ASCEND_PATCH_REFERENCE")
+    if chosen:
+        return Path(chosen).expanduser()
+    return MIRROR if MIRROR.exists() else None
+
+
 def materialise(reference: str | None) -> tuple[Path, str]:
     """Copy mx_driving/patcher/*.py and an empty mx_driving/__init__.py to a temp dir."""
-    chosen = reference or os.environ.get("ASCEND_PATCH_REFERENCE")
-    if not chosen and MIRROR.exists():
-        chosen = str(MIRROR)
-    if not chosen:
+    source = locate(reference)
+    if source is None:
         raise SystemExit(f"no DrivingSDK reference found: {HOW_TO_GET}")
-    source = Path(chosen).expanduser()
     tmp = Path(tempfile.mkdtemp(prefix="ap-reference-"))
     atexit.register(shutil.rmtree, tmp, True)
     dest = tmp / "mx_driving" / "patcher"
@@ -107,8 +124,11 @@ def materialise(reference: str | None) -> tuple[Path, str]:
     if not (dest / "patcher.py").is_file():
         raise SystemExit(f"{source} holds no mx_driving/patcher/patcher.py: {HOW_TO_GET}")
     (tmp / "mx_driving" / "__init__.py").write_text("")
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return tmp, f"{kind} {source} @ {head.stdout.strip() or 'unknown commit'}"
+    head = subprocess.run(
+        [*git, "log", "-1", "--format=%h %cs"], capture_output=True, text=True
+    ).stdout.split()
+    commit = f"{head[0]} ({head[1]})" if len(head) == 2 else "unknown commit"
+    return tmp, f"{kind} {source} @ {commit}"
 
 
 def load_sides(reference: str | None) -> tuple[dict[str, Classes], str]:
@@ -152,7 +172,10 @@ def timed(call: Any) -> tuple[Any, float]:
 
 
 def measure(side: str, classes: Classes, n: int, runtime_check: bool) -> dict[str, float]:
-    """One fresh module and patch set: add, apply, per call (runtime_check), revert (ours)."""
+    """One fresh module and patch set: add, apply, per call (runtime_check), revert (ours).
+
+    Per-patch measures come back in seconds (total), per-call ones in ns per call.
+    """
     atomic, patcher_class = classes
     name = f"_ap_bench_{side}_{next(_unique)}"
     module = types.ModuleType(name)
@@ -174,6 +197,7 @@ def measure(side: str, classes: Classes, n: int, runtime_check: bool) -> dict[st
             for key, fn in (("call", module.f0), ("direct", repl["g0"])):
                 timer = timeit.Timer("fn(1)", globals={"fn": fn})
                 out[key] = timer.timeit(CALLS) / CALLS * 1e9
+            out["overhead"] = out["call"] - out["direct"]
         if side == "ours":
             out["revert"] = timed(patcher.revert)[1]
             if any(module.__dict__[f"f{i}"] is not originals[i] for i in range(n)):
@@ -187,9 +211,17 @@ def summary(values: list[float], scale: float) -> dict[str, float]:
     return {"min": min(values) * scale, "median": statistics.median(values) * scale}
 
 
+def slope(sizes: list[int], totals: list[float]) -> float | None:
+    if len(sizes) < 2:
+        return None
+    return math.log(totals[-1] / totals[0]) / math.log(sizes[-1] / sizes[0])
+
+
 def run(reference: str | None, n: int, rounds: int, scaling: list[int]) -> dict[str, Any]:
+    """Measure; the result is plain JSON (``--json``), rendered by markdown() and verdicts()."""
     sides, origin = load_sides(reference)
     torch = sys.modules.get("torch")
+    numpy = sys.modules.get("numpy")
     info = {
         "date": datetime.date.today().isoformat(),
         "cpus": os.cpu_count(),
@@ -197,43 +229,55 @@ def run(reference: str | None, n: int, rounds: int, scaling: list[int]) -> dict[
         "reference": origin,
         "modules": len(sys.modules),
         "torch": getattr(torch, "__version__", None),
+        "numpy": getattr(numpy, "__version__", None),
         "n": n,
         "rounds": rounds,
         "calls": CALLS,
     }
     samples: dict[tuple[str, str], list[dict[str, float]]] = {}
-    tasks = [(side, variant) for side in sides for variant in VARIANTS]
+    ratios: dict[tuple[str, str], list[float]] = {}
+    variants = list(VARIANTS)
     for _ in range(rounds):
-        random.shuffle(tasks)
-        for side, variant in tasks:
-            result = measure(side, sides[side], n, variant == "runtime_check")
-            samples.setdefault((side, variant), []).append(result)
-    table: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+        random.shuffle(variants)
+        for variant in variants:
+            this_round = {}
+            for side in random.sample(SIDES, len(SIDES)):
+                this_round[side] = measure(side, sides[side], n, variant == "runtime_check")
+                samples.setdefault((side, variant), []).append(this_round[side])
+            ours, ref = this_round["ours"], this_round["reference"]
+            for key in ours.keys() & ref.keys():
+                if ref[key] > 0:
+                    ratios.setdefault((variant, key), []).append(ours[key] / ref[key])
+    table: dict[str, dict[str, dict[str, Any]]] = {}
     for (side, variant), rows in samples.items():
         cell = table.setdefault(variant, {})
         for key in rows[0]:
-            scale = 1e6 / n if key in ("add", "apply", "revert") else 1.0
+            scale = 1e6 / n if key in PER_PATCH else 1.0
             cell.setdefault(key, {})[side] = summary([r[key] for r in rows], scale)
-        if variant == "runtime_check":
-            call, direct = cell["call"][side], cell["direct"][side]
-            cell.setdefault("overhead", {})[side] = {k: call[k] - direct[k] for k in call}
+    for (variant, key), values in ratios.items():
+        table[variant][key]["ratio"] = statistics.median(values)
 
     sizes = sorted(set(scaling))
     series: dict[tuple[str, str], dict[int, list[float]]] = {}
-    jobs = [(side, size) for side in sides for size in sizes]
     for _ in range(rounds):
-        random.shuffle(jobs)
-        for side, size in jobs:
-            for key, seconds in measure(side, sides[side], size, False).items():
-                series.setdefault((side, key), {}).setdefault(size, []).append(seconds)
-    scaled: dict[str, dict[str, Any]] = {}
+        for size in random.sample(sizes, len(sizes)):
+            for side in random.sample(SIDES, len(SIDES)):
+                for key, seconds in measure(side, sides[side], size, False).items():
+                    series.setdefault((side, key), {}).setdefault(size, []).append(seconds)
+    scaled = []
     for (side, key), by_size in sorted(series.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        best = {size: min(v) * 1e3 for size, v in by_size.items()}
-        slope = None
-        if len(sizes) > 1:
-            lo, hi = sizes[0], sizes[-1]
-            slope = math.log(best[hi] / best[lo]) / math.log(hi / lo)
-        scaled[f"{side} {key}()"] = {"ms": best, "slope": slope}
+        mins = [min(by_size[s]) * 1e3 for s in sizes]
+        medians = [statistics.median(by_size[s]) * 1e3 for s in sizes]
+        scaled.append(
+            {
+                "side": side,
+                "key": key,
+                "min_ms": mins,
+                "median_ms": medians,
+                "slope": slope(sizes, mins),
+                "slope_median": slope(sizes, medians),
+            }
+        )
     return {"info": info, "table": table, "scaling": scaled, "sizes": sizes}
 
 
@@ -243,15 +287,60 @@ def fmt(cell: dict[str, float] | None, digits: int) -> str:
     return f"{cell['min']:.{digits}f} ({cell['median']:.{digits}f})"
 
 
+def verdicts(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(budget, what was measured, whether it holds) for each per-patch budget."""
+    table, sizes = results["table"], results["sizes"]
+    out: list[tuple[str, str, bool]] = []
+    for variant in VARIANTS:
+        cell = table[variant]["apply"]
+        ratio = cell["ratio"]
+        out.append(
+            (
+                f"apply() per patch, {variant}: ours no slower than mx_driving.patcher "
+                "(median of per-round ratios ours/reference ≤ 1.00)",
+                f"ratio {ratio:.2f}; medians {cell['ours']['median']:.2f} vs "
+                f"{cell['reference']['median']:.2f} µs/patch",
+                ratio <= 1.0,
+            )
+        )
+    cell = table["runtime_check"]["overhead"]
+    out.append(
+        (
+            "per call with runtime_check, ns over calling the replacement directly: "
+            "ours no more than mx_driving.patcher's (median ratio ≤ 1.00)",
+            f"ratio {cell['ratio']:.2f}; medians {cell['ours']['median']:.1f} vs "
+            f"{cell['reference']['median']:.1f} ns",
+            cell["ratio"] <= 1.0,
+        )
+    )
+    for row in results["scaling"]:
+        if row["side"] == "ours" and row["key"] in ("add", "revert") and row["slope"] is not None:
+            out.append(
+                (
+                    f"{row['key']}() linear: log-log slope ≤ {LINEAR} from N = {sizes[0]} "
+                    f"to {sizes[-1]}",
+                    f"slope {row['slope']:.2f} (of the minima; medians: {row['slope_median']:.2f})",
+                    row["slope"] <= LINEAR,
+                )
+            )
+    return out
+
+
 def markdown(results: dict[str, Any]) -> str:
     info, table = results["info"], results["table"]
-    torch = f"torch {info['torch']} imported" if info["torch"] else "torch not imported"
+    loaded = ", ".join(
+        f"{name} {info[name]}" for name in ("torch", "numpy") if info.get(name) is not None
+    )
     lines = [
         f"Measured {info['date']} on {info['cpus']} CPUs, Python {info['python']}, "
-        f"N = {info['n']} patches, {info['rounds']} rounds: min over rounds (median).",
+        f"N = {info['n']} patches, {info['rounds']} rounds, both sides back to back in "
+        "every round (order shuffled): min over rounds (median); ratio: median of the "
+        "per-round ratios ours/reference (≤ 1.00: ours no slower).",
+        "",
         f"Reference: mx_driving.patcher from {info['reference']}.",
-        f"len(sys.modules) at measurement: {info['modules']} ({torch}; the reference imports "
-        "torch at its own import, so both sides run in one process with the same modules).",
+        f"len(sys.modules) at measurement: {info['modules']} ({loaded or 'no torch'}; the "
+        "reference imports torch at its own import, so both sides run in one process with "
+        "the same modules).",
         "Logging: the reference's logger set above CRITICAL, its event actions 'silent' and "
         "its summary off; ours prints nothing. GC off during timed blocks.",
     ]
@@ -261,10 +350,16 @@ def markdown(results: dict[str, Any]) -> str:
         ("revert", "revert() (µs/patch)", 3),
         ("direct", f"replacement called directly (ns/call, {info['calls']} calls)", 1),
         ("call", "patched mod.f0(1) (ns/call)", 1),
-        ("overhead", "per call over the replacement, min - min (ns/call)", 1),
+        ("overhead", "per call over the replacement (ns/call)", 1),
     ]
     for variant in VARIANTS:
-        lines += ["", f"### {variant}", "", "| measure | ours | reference |", "|---|---|---|"]
+        lines += [
+            "",
+            f"#### {variant}",
+            "",
+            "| measure | ours | reference | ratio |",
+            "|---|---|---|---|",
+        ]
         for key, label, digits in rows:
             cells = table[variant].get(key)
             if cells is None:
@@ -272,20 +367,21 @@ def markdown(results: dict[str, Any]) -> str:
             ref = fmt(cells.get("reference"), digits)
             if key == "revert":
                 ref = "n/a (cannot revert: `__exit__` does nothing)"
-            lines.append(f"| {label} | {fmt(cells.get('ours'), digits)} | {ref} |")
+            ratio = f"{cells['ratio']:.2f}" if "ratio" in cells else "n/a"
+            lines.append(f"| {label} | {fmt(cells.get('ours'), digits)} | {ref} | {ratio} |")
     sizes = results["sizes"]
     lines += [
         "",
-        "### scaling (plain; total ms, min over rounds; slope: log-log, "
+        "#### scaling (plain; total ms, min over rounds; slope: log-log, "
         f"N = {sizes[0]} to {sizes[-1]}, 1.0 = linear)",
         "",
-        "| measure | " + " | ".join(f"N = {s}" for s in sizes) + " | slope |",
-        "|---|" + "---|" * (len(sizes) + 1),
+        "| measure | " + " | ".join(f"N = {s}" for s in sizes) + " | slope | slope of medians |",
+        "|---|" + "---|" * (len(sizes) + 2),
     ]
-    for label, row in results["scaling"].items():
-        slope = "n/a" if row["slope"] is None else f"{row['slope']:.2f}"
-        values = " | ".join(f"{row['ms'][s]:.2f}" for s in sizes)
-        lines.append(f"| {label} | {values} | {slope} |")
+    for row in results["scaling"]:
+        slopes = ["n/a" if row[k] is None else f"{row[k]:.2f}" for k in ("slope", "slope_median")]
+        values = " | ".join(f"{ms:.2f}" for ms in row["min_ms"])
+        lines.append(f"| {row['side']} {row['key']}() | {values} | {' | '.join(slopes)} |")
     return "\n".join(lines)
 
 
@@ -293,11 +389,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference", help="DrivingSDK work tree or bare git dir")
     parser.add_argument("--n", type=int, default=1000, help="patches per measurement")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--scaling", default="1000,2000,5000", help="comma-separated N list")
+    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = parser.parse_args()
     scaling = [int(s) for s in args.scaling.split(",") if s.strip()]
-    print(markdown(run(args.reference, args.n, args.rounds, scaling)))
+    results = run(args.reference, args.n, args.rounds, scaling)
+    if args.json:
+        print(json.dumps(results))
+        return
+    print(markdown(results))
+    print()
+    for budget, measured, holds in verdicts(results):
+        print(f"- {'met' if holds else 'NOT MET'}: {budget}: {measured}")
 
 
 if __name__ == "__main__":

@@ -7,27 +7,48 @@ reported.
 
 1. start-up: ``import ascend_patch_core; ascend_patch_core.apply()`` with the three
    plugins installed and ~150 distributions on the path -- standalone (over
-   ``python -c pass``) and inside a process that already imported torch;
+   ``python -c pass``) and inside a process that already imported torch -- in this
+   environment (the project installed editable) and, with ``--regular-python``, in a
+   second one holding the same requirements with the project installed from regular
+   wheels (the bench session builds it), the two interleaved;
 2. per call: a patch without runtime_check (the replacement itself is installed)
    and with one (generated fixed-signature wrapper, and the generic fallback);
-3. the import finder on a heavy import (torch plus building a model).
+3. the import finder on a heavy import (torch plus building a model);
+4. per patch, beside DrivingSDK's ``mx_driving.patcher`` (``benchmarks/reference.py``,
+   in a fresh interpreter), when a reference is found: ``--reference PATH``, else
+   ``$ASCEND_PATCH_REFERENCE``, else the local mirror; otherwise the section says how
+   to get one and is skipped.
+
+Each budget gets a verdict line. Subprocesses run from a scratch directory, never from
+the source tree, so that ``import ascend_patch_core`` goes through the installation
+being measured and not through the current directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import importlib.util
+import json
 import os
+import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import timeit
 from pathlib import Path
+from typing import Any
 
 
 ROOT = Path(__file__).resolve().parent.parent
+#: (budget, what was measured, whether it holds; None: not measured)
+Verdict = tuple[str, str, "bool | None"]
+REFERENCE_SCRIPT = ROOT / "benchmarks" / "reference.py"
 HEAVY = ("torch", "mmcv", "mmdet", "mmdet3d", "mmengine", "transformers", "diffusers", "torch_npu")
 
 
@@ -46,112 +67,162 @@ def make_fake_distributions(directory: Path, count: int) -> None:
             )
 
 
-def count_distributions(env: dict[str, str]) -> int:
-    code = "import importlib.metadata as m; print(len(list(m.distributions())))"
-    return int(
-        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout
-    )
+#: Start-up rows: key -> label. Rows measured in-process print seconds themselves.
+STARTUP_ROWS = {
+    "pass": "python -c pass (ms)",
+    "warm": "standalone, warm cache, over pass (ms)",
+    "cold": "standalone, no cache, over pass (ms)",
+    "in_torch": "after import torch, in-process (ms)",
+    "in_torch_settled": "the same, torch's pending garbage collected first (ms)",
+    "npu_apply": "apply() alone, torch-npu emulated (ms)",
+}
+
+APPLY_CODE = "import ascend_patch_core; ascend_patch_core.apply()"
+
+#: Run untimed in each environment: what is installed, and that apply() stays lazy.
+PROBE = textwrap.dedent(
+    f"""
+    import importlib.metadata as m, json, sys
+    import ascend_patch_core
+    report = ascend_patch_core.apply()
+    heavy = [name for name in {HEAVY!r} if name in sys.modules]
+    assert not heavy, heavy
+    numpy_imported = "numpy" in sys.modules
+
+    def version(name):
+        try:
+            return m.version(name)
+        except m.PackageNotFoundError:
+            return None
+
+    print(json.dumps({{
+        "distributions": len(list(m.distributions())),
+        "plugins": len([r for r in report if r.kind == "plugin"]),
+        "core": ascend_patch_core.__file__,
+        "torch": version("torch"),
+        "numpy": version("numpy"),
+        "numpy_imported": numpy_imported,
+    }}))
+    """
+)
+
+IN_TORCH = textwrap.dedent(
+    """
+    import gc, sys, time, torch
+    if SETTLE:
+        gc.collect()
+    t = time.perf_counter()
+    import ascend_patch_core
+    ascend_patch_core.apply()
+    print(time.perf_counter() - t)
+    """
+)
+
+# Every redirect group applicable: the NPU emulator (the kit ascend_patch_emulator)
+# stands in for torch_npu. Activating it imports the core, so the core is imported
+# before timing, and the emulator's own start-up garbage is collected first (it is the
+# emulator's, not apply()'s).
+NPU_APPLY = textwrap.dedent(
+    """
+    import gc, time, torch
+    import ascend_patch_emulator
+    ascend_patch_emulator.activate()
+    import ascend_patch_core
+    gc.collect()
+    t = time.perf_counter()
+    report = ascend_patch_core.apply()
+    elapsed = time.perf_counter() - t
+    print(elapsed, sum(r.kind == "patch" for r in report.by_status("applied")))
+    """
+)
 
 
-def wall(code: str, env: dict[str, str]) -> float:
-    start = timeit.default_timer()
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    return timeit.default_timer() - start
+def startup(rounds: int, pythons: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Start-up rows for each environment in ``pythons`` (label -> interpreter).
 
-
-def startup(rounds: int) -> dict[str, float | int | str]:
+    Every (environment, measure) pair runs once per round, all of them in one shuffled
+    order. Each environment has its own metadata cache (ASCEND_PATCH_CACHE_DIR): a
+    shared one would be invalidated by the other environment's path on every run.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="ap-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)
     make_fake_distributions(tmp / "site", 120)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp / "site"), env.get("PYTHONPATH", "")]).strip(
+    scratch = tmp / "cwd"
+    scratch.mkdir()
+    base = dict(os.environ)
+    base["PYTHONPATH"] = os.pathsep.join([str(tmp / "site"), base.get("PYTHONPATH", "")]).strip(
         os.pathsep
     )
-    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp / "cache")
-    dists = count_distributions(env)
-    apply_code = "import ascend_patch_core; ascend_patch_core.apply()"
-    check = (
-        "import sys, ascend_patch_core; r = ascend_patch_core.apply(); "
-        f"bad = [m for m in {HEAVY!r} if m in sys.modules]; "
-        "assert not bad, bad; print(len([x for x in r if x.kind == 'plugin']))"
-    )
-    plugins = subprocess.run(
-        [sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True
-    )
-    in_torch = textwrap.dedent(
-        """
-        import gc, sys, time, torch
-        if SETTLE:
-            gc.collect()
-        t = time.perf_counter()
-        import ascend_patch_core
-        ascend_patch_core.apply()
-        print(time.perf_counter() - t)
-        """
-    )
-    # Every redirect group applicable: the NPU emulator stands in for torch_npu. The
-    # emulator lives in ascend_patch_core, so the core is imported before timing, and
-    # its own start-up garbage is collected first (it is the emulator's, not apply()'s).
-    npu_apply = textwrap.dedent(
-        """
-        import gc, time, torch
-        import ascend_patch_emulator
-        ascend_patch_emulator.activate()
-        import ascend_patch_core
-        gc.collect()
-        t = time.perf_counter()
-        report = ascend_patch_core.apply()
-        elapsed = time.perf_counter() - t
-        print(elapsed, sum(r.kind == "patch" for r in report.by_status("applied")))
-        """
-    )
-    cold_env = dict(env, ASCEND_PATCH_CACHE="0")
-    samples: dict[str, list[float]] = {
-        "pass": [],
-        "warm": [],
-        "cold": [],
-        "in_torch": [],
-        "in_torch_settled": [],
-        "npu_apply": [],
+    envs = {
+        label: dict(base, ASCEND_PATCH_CACHE_DIR=str(tmp / f"cache-{label}")) for label in pythons
     }
-    npu_applied = 0
 
-    def in_process(code: str) -> list[str]:
+    def output(label: str, code: str, env: dict[str, str] | None = None) -> str:
         out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            [pythons[label], "-c", code],
+            env=env or envs[label],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
         )
-        return out.stdout.split()
+        if out.returncode:
+            raise SystemExit(f"start-up ({label}) failed:\n{code}\n{out.stderr}")
+        return out.stdout
 
+    def wall(label: str, code: str, env: dict[str, str] | None = None) -> float:
+        start = timeit.default_timer()
+        subprocess.run(
+            [pythons[label], "-c", code], env=env or envs[label], cwd=scratch, check=True
+        )
+        return timeit.default_timer() - start
+
+    probes = {label: json.loads(output(label, PROBE)) for label in pythons}
+    samples: dict[tuple[str, str], list[float]] = {
+        (label, key): [] for label in pythons for key in STARTUP_ROWS
+    }
+    npu_applied: dict[str, int] = {}
     for _ in range(rounds):
         order = list(samples)
         random.shuffle(order)
-        for key in order:
+        for label, key in order:
             if key == "pass":
-                samples[key].append(wall("pass", env))
+                seconds = wall(label, "pass")
             elif key == "warm":
-                samples[key].append(wall(apply_code, env))
+                seconds = wall(label, APPLY_CODE)
             elif key == "cold":
-                samples[key].append(wall(apply_code, cold_env))
+                seconds = wall(label, APPLY_CODE, dict(envs[label], ASCEND_PATCH_CACHE="0"))
             elif key == "npu_apply":
-                seconds, applied = in_process(npu_apply)
-                samples[key].append(float(seconds))
-                npu_applied = int(applied)
+                elapsed, applied = output(label, NPU_APPLY).split()
+                seconds = float(elapsed)
+                npu_applied[label] = int(applied)
             else:
-                settle = key == "in_torch_settled"
-                code = in_torch.replace("SETTLE", str(settle))
-                samples[key].append(float(in_process(code)[0]))
-    med = {k: statistics.median(v) * 1000 for k, v in samples.items()}
-    return {
-        "distributions": dists,
-        "plugins": int(plugins.stdout.strip()),
-        "python -c pass (ms)": round(med["pass"], 1),
-        "standalone, warm cache, over pass (ms)": round(med["warm"] - med["pass"], 1),
-        "standalone, no cache, over pass (ms)": round(med["cold"] - med["pass"], 1),
-        "after import torch, in-process (ms)": round(med["in_torch"], 2),
-        "the same, torch's pending garbage collected first (ms)": round(med["in_torch_settled"], 2),
-        f"apply() alone, torch-npu emulated: {npu_applied} patches installed (ms)": round(
-            med["npu_apply"], 1
-        ),
-    }
+                code = IN_TORCH.replace("SETTLE", str(key == "in_torch_settled"))
+                seconds = float(output(label, code))
+            samples[label, key].append(seconds)
+    table: dict[str, dict[str, Any]] = {}
+    for label, probe in probes.items():
+        med = {key: statistics.median(samples[label, key]) * 1000 for key in STARTUP_ROWS}
+        core = Path(probe["core"]).resolve()
+        column: dict[str, Any] = {
+            "distributions": probe["distributions"],
+            "plugins": probe["plugins"],
+            "ascend_patch_core imported from": (
+                "the source tree" if core.parent == ROOT / "ascend_patch_core" else "site-packages"
+            ),
+            "torch, numpy installed": f"{probe['torch']}, {probe['numpy']}",
+            "numpy imported by standalone apply()": "yes" if probe["numpy_imported"] else "no",
+        }
+        for key, row in STARTUP_ROWS.items():
+            value = med[key] - med["pass"] if key in ("warm", "cold") else med[key]
+            column[row] = f"{value:.{2 if key.startswith('in_torch') else 1}f}"
+            if key in ("warm", "cold"):
+                # In an editable install `python -c pass` already imports setuptools'
+                # finders (from .pth files) and the modules they need, which apply() then
+                # finds loaded: across installs, compare whole processes too.
+                column[row.replace("over pass", "whole process")] = f"{med[key]:.1f}"
+        column["patches installed under the emulator"] = npu_applied.get(label)
+        table[label] = column
+    return table
 
 
 def per_call(rounds: int, number: int) -> dict[str, float]:
@@ -207,12 +278,15 @@ def finder_overhead(rounds: int) -> dict[str, float]:
         "p.skip_import('flash_attn'); p.apply()"
     )
     without = "import ascend_patch_core as ap"
+    scratch = tempfile.mkdtemp(prefix="ap-bench-cwd-")
+    atexit.register(shutil.rmtree, scratch, True)
     samples: dict[str, list[float]] = {"without": [], "with": []}
     for _ in range(rounds):
         for key in random.sample(list(samples), 2):
             setup = with_hub if key == "with" else without
             out = subprocess.run(
                 [sys.executable, "-c", heavy.replace("{setup}", setup)],
+                cwd=scratch,
                 capture_output=True,
                 text=True,
                 check=True,
@@ -236,6 +310,7 @@ def finder_overhead(rounds: int) -> dict[str, float]:
                 "print(time.perf_counter() - t)", "print(calls[0])"
             ),
         ],
+        cwd=scratch,
         capture_output=True,
         text=True,
         check=True,
@@ -264,40 +339,182 @@ def finder_overhead(rounds: int) -> dict[str, float]:
     }
 
 
-def ensure_bytecode() -> None:
-    """Users run from .pyc files; this machine sets PYTHONDONTWRITEBYTECODE, so compile explicitly."""
+def ensure_bytecode(pythons: list[str]) -> None:
+    """Users run from .pyc files; this machine sets PYTHONDONTWRITEBYTECODE, so compile explicitly.
+
+    The source tree's packages (what the editable install imports), then the whole
+    site-packages of every environment measured, each with its own interpreter (what a
+    regular install imports; pip compiles at install, so mostly this only checks).
+    """
     import compileall
 
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     for directory in [
         ROOT / "ascend_patch_core",
+        *sorted((ROOT / "kits").glob("*/ascend_patch_*")),
         *sorted((ROOT / "plugins").glob("*/ascend_patch_*")),
     ]:
         compileall.compile_dir(str(directory), quiet=1)
+    code = (
+        "import compileall, sysconfig; "
+        "compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
+    )
+    for python in dict.fromkeys(pythons):
+        subprocess.run([python, "-c", code], check=True)
+
+
+def load_reference_module() -> Any:
+    """benchmarks/reference.py as a module (its markdown() and verdicts())."""
+    spec = importlib.util.spec_from_file_location("_ap_bench_reference", REFERENCE_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def per_patch(reference: str | None, rounds: int) -> tuple[str, list[Verdict]]:
+    """The side-by-side per-patch section and its verdicts, or why it was skipped."""
+    module = load_reference_module()
+    source = module.locate(reference)
+    budgets = [
+        "apply() per patch (with and without runtime_check) no slower than mx_driving.patcher",
+        "per call with runtime_check no slower than mx_driving.patcher",
+        "add() and revert() linear",
+    ]
+    if source is None:
+        text = f"Skipped: no DrivingSDK reference found; {module.HOW_TO_GET}."
+        return text, [(budget, "not measured: no reference", None) for budget in budgets]
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REFERENCE_SCRIPT),
+            "--json",
+            "--rounds",
+            str(rounds),
+            "--reference",
+            str(source),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode:
+        error = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        text = f"Failed with the reference at {source}: {error}"
+        why = "not measured: the comparison failed (see its section)"
+        return text, [(budget, why, None) for budget in budgets]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    return module.markdown(results), list(module.verdicts(results))
+
+
+def startup_verdicts(table: dict[str, dict[str, Any]]) -> list[Verdict]:
+    out: list[Verdict] = []
+    for label, column in table.items():
+        for row, budget in (
+            ("after import torch, in-process (ms)", 10),
+            ("standalone, warm cache, over pass (ms)", 50),
+            ("standalone, no cache, over pass (ms)", 50),
+        ):
+            value = column[row]
+            out.append(
+                (
+                    f"start-up, {label} install: {row.removesuffix(' (ms)')} ≤ {budget} ms",
+                    f"{value} ms (median)",
+                    float(value) <= budget,
+                )
+            )
+    out.append(
+        (
+            f"after apply() none of {', '.join(HEAVY[1:])} imported",
+            "asserted in every environment",
+            True,
+        )
+    )
+    return out
+
+
+def render_startup(table: dict[str, dict[str, Any]]) -> list[str]:
+    labels = list(table)
+    lines = [
+        "| measure | " + " | ".join(f"{label} install" for label in labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for row in table[labels[0]]:
+        lines.append(f"| {row} | " + " | ".join(str(table[x][row]) for x in labels) + " |")
+    return lines
 
 
 def main() -> None:
-    ensure_bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
+    parser.add_argument(
+        "--regular-python",
+        help="interpreter of an environment with the project installed from regular wheels "
+        "(start-up is measured there too)",
+    )
+    parser.add_argument(
+        "--reference",
+        help="DrivingSDK work tree or bare git dir for the per-patch comparison "
+        "(default: $ASCEND_PATCH_REFERENCE, else the local mirror)",
+    )
     args = parser.parse_args()
-    results = {
-        "start-up": startup(args.rounds),
-        "per call, ns over calling the replacement directly": per_call(args.rounds, 200_000),
-        "import finder": finder_overhead(max(5, args.rounds // 2)),
-    }
-    import platform
-    import time
+    pythons = {"editable": sys.executable}
+    if args.regular_python:
+        pythons["regular"] = args.regular_python
+    ensure_bytecode(list(pythons.values()))
+
+    started = startup(args.rounds, pythons)
+    calls = per_call(args.rounds, 200_000)
+    finder = finder_overhead(max(5, args.rounds // 2))
+    reference_text, reference_verdicts = per_patch(args.reference, args.rounds)
+
+    wrapper = calls["runtime_check wrapper (fixed signature)"]
+    finder_share = finder["their cost, lookups x ns per lookup (%)"]
+    verdicts = [
+        *startup_verdicts(started),
+        (
+            "runtime_check: ≤ 130 ns per call over calling the replacement directly",
+            f"{wrapper} ns (fixed-signature wrapper, median)",
+            wrapper <= 130,
+        ),
+        (
+            "the import finder adds ≤ 2 % to a heavy import",
+            f"{finder_share} % (lookups x ns per lookup; side by side: "
+            f"{finder['added, side by side (%)']} %)",
+            finder_share <= 2,
+        ),
+        *reference_verdicts,
+    ]
+    if "regular" not in pythons:
+        verdicts.insert(
+            0,
+            (
+                "start-up, regular install",
+                "not measured: no --regular-python (the bench session passes one)",
+                None,
+            ),
+        )
 
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"{args.rounds} rounds.\n"
+        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {args.rounds} rounds.",
+        "",
+        "### verdicts",
+        "",
     ]
-    for title, rows in results.items():
-        lines.append(f"### {title}\n\n| measure | value |\n|---|---|")
+    for budget, measured, holds in verdicts:
+        mark = {True: "met", False: "**NOT MET**", None: "not measured"}[holds]
+        lines.append(f"- {mark}: {budget}: {measured}")
+    lines += ["", "### start-up", "", *render_startup(started), ""]
+    for title, rows in (
+        ("per call, ns over calling the replacement directly", calls),
+        ("import finder", finder),
+    ):
+        lines += [f"### {title}", "", "| measure | value |", "|---|---|"]
         lines.extend(f"| {k} | {v} |" for k, v in rows.items())
         lines.append("")
+    lines += ["### per patch, beside mx_driving.patcher", "", reference_text, ""]
     text = "\n".join(lines)
     print(text)
     if args.write:
@@ -307,7 +524,7 @@ def main() -> None:
             if target.exists()
             else "# Benchmarks\n\n"
         )
-        target.write_text(f"{head}<!-- results -->\n\n{text}\n")
+        target.write_text(f"{head}<!-- results -->\n\n{text}")
 
 
 if __name__ == "__main__":
