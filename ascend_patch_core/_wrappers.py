@@ -2,24 +2,28 @@
 
 A patch without ``runtime_check`` installs the replacement object itself (zero
 overhead). With one, a wrapper decides per call between the replacement and the
-original. A generic ``*args, **kwargs`` closure costs ~130 ns per call over the
+original. A generic ``*args, **kwargs`` wrapper costs ~130 ns per call over the
 replacement, so when the replacement, the original and the check accept the same
-parameters the wrapper is generated with that exact signature instead (plain
-positional forwarding, no tuple/dict packing): ~55 ns (docs/benchmarks.md).
+parameters the wrapper takes exactly those parameters instead (plain positional
+forwarding, no tuple/dict packing): ~55 ns (docs/benchmarks.md).
 
-Generating one costs a ``compile``; a plugin's patches share a handful of
-signature shapes, so the code is compiled once per shape (parameter names and
-kinds), and each patch gets a function made of that code with globals of its own
-(its check, replacement, original and counters) and its own default values. Globals,
-not closure cells: a call reads them through the interpreter's cached global loads,
-as fast as a hand-written wrapper. The shape of a Python function is read from its
-code object; ``inspect.signature`` is asked only for other callables.
+Finding that out means reading both functions' parameters and defaults, and the
+check's signature. apply() installs hundreds of patches and most of them are never
+called in a given program, so that work is done on a wrapper's first call, not at
+apply(): apply() makes the wrapper from a factory compiled once (one call: five
+closure cells and a function), and its first call chooses the code it keeps -- the
+exact-signature code of its shape, or the generic one -- by assigning ``__code__``.
+Every wrapper code is built from one template and so has the same closure layout,
+which is what makes the assignment valid; the exact-signature code is compiled once
+per shape (parameter names and kinds) and shared by every wrapper of that shape,
+each with its own default values. The first call itself runs the generic way.
+Assigning ``__code__`` is atomic under the GIL; a thread already inside the first
+code finishes the generic way, which behaves the same.
 """
 
 from __future__ import annotations
 
 import builtins
-import functools
 import inspect
 import keyword
 import types
@@ -51,43 +55,62 @@ def make_runtime_check_wrapper(
     A check that raises counts as False: the original runs, and the replacement's own
     exceptions propagate unchanged.
     """
-    if type(replacement) is _FUNCTION and type(original) is _FUNCTION:
-        found = _same_function_shape(replacement, original)
+    wrapper: types.FunctionType = _make_first(
+        check, replacement, original, counters.replacements, counters.fallbacks
+    )
+    extra: dict[str, Any] | None
+    # What functools.wraps copies, in fewer steps; and the original, for tools.
+    if type(replacement) is _FUNCTION:
+        wrapper.__module__, wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = (
+            replacement.__module__,
+            replacement.__name__,
+            replacement.__qualname__,
+            replacement.__doc__,
+        )
+        extra = replacement.__dict__
     else:
-        found = _same_callable_shape(replacement, original)
-    # The check must accept what the replacement receives (defaults filled in);
-    # otherwise keep exact call-through semantics with the generic wrapper.
-    if found is not None:
-        shape = found[0]
-        if shape.usable and (shape.accepts.get(id(check)) or _check_accepts(check, shape)):
-            return _fixed_signature_wrapper(found, check, replacement, original, counters)
-    wrapper = _generic_wrapper(check, replacement, original, counters)
-    functools.update_wrapper(wrapper, replacement)
-    wrapper.__ascend_patch_original__ = original  # type: ignore[attr-defined]
+        # None where the replacement has no module, as functools.wraps would leave it.
+        wrapper.__module__ = getattr(replacement, "__module__", None)  # type: ignore[assignment]
+        wrapper.__name__ = getattr(replacement, "__name__", "runtime_checked")
+        wrapper.__qualname__ = getattr(replacement, "__qualname__", wrapper.__name__)
+        wrapper.__doc__ = getattr(replacement, "__doc__", None)
+        extra = getattr(replacement, "__dict__", None)
+    wrapper.__dict__ = (
+        {**extra, "__wrapped__": replacement, "__ascend_patch_original__": original}
+        if extra
+        else {"__wrapped__": replacement, "__ascend_patch_original__": original}
+    )
     return wrapper
 
 
-def _generic_wrapper(
+def _specialize(
+    wrapper: types.FunctionType,
     check: Callable[..., object],
     replacement: Callable[..., Any],
     original: Callable[..., Any],
-    counters: CallCounters,
-) -> Callable[..., Any]:
-    tick_replacement = counters.replacements.__next__
-    tick_fallback = counters.fallbacks.__next__
+) -> None:
+    """Give ``wrapper`` the code it keeps: its shape's exact-signature code, or the generic one.
 
-    def runtime_checked(*args: Any, **kwargs: Any) -> Any:
-        try:
-            use = check(*args, **kwargs)
-        except Exception:
-            use = False
-        if use:
-            tick_replacement()
-            return replacement(*args, **kwargs)
-        tick_fallback()
-        return original(*args, **kwargs)
-
-    return runtime_checked
+    Runs on the wrapper's first call, in the patched program: it must not raise.
+    """
+    code = _GENERIC_CODE
+    try:
+        if type(replacement) is _FUNCTION and type(original) is _FUNCTION:
+            found = _same_function_shape(replacement, original)
+        else:
+            found = _same_callable_shape(replacement, original)
+        # The check must accept what the replacement receives (defaults filled in);
+        # otherwise keep exact call-through semantics with the generic code.
+        if found is not None:
+            shape, defaults, kwdefaults = found
+            if shape.usable and _check_accepts(check, shape):
+                code = shape.code or _compile(shape)
+                # Defaults first: the generic code running meanwhile ignores them.
+                wrapper.__defaults__ = defaults or None
+                wrapper.__kwdefaults__ = dict(kwdefaults) if kwdefaults else None
+    except Exception:  # an odd callable inspect cannot read: stay generic
+        code = _GENERIC_CODE
+    wrapper.__code__ = code
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -106,6 +129,8 @@ class _Shape:
         self.parameters = parameters
         # Names the generated code could not use as parameters.
         self.usable = not any(keyword.iskeyword(n) or n.startswith("_ap_") for n, _ in parameters)
+        #: The code of a runtime_checked taking exactly these parameters (compiled
+        #: when first needed; its closure has the layout of every wrapper's).
         self.code: types.CodeType | None = None
         #: Whether a check can be called with this shape's arguments, by id(check);
         #: forgotten when the check is collected.
@@ -120,35 +145,31 @@ _shapes: dict[Any, _Shape] = {}
 _STAR_COUNT = {0: 0, _VARARGS: 1, _VARKEYWORDS: 1, _STARS: 2}
 
 
-def _function_key(func: types.FunctionType) -> tuple[Any, ...]:
-    """A key equal for two functions exactly when their parameters (and default positions) are.
+def _function_key(code: types.CodeType) -> tuple[tuple[str, ...], int]:
+    """A key equal for two functions exactly when their parameters are: (names, counts).
 
-    Read from the code object in a few attribute loads: no ``inspect.signature``.
+    Read from the code object in a few attribute loads: no ``inspect.signature``. The
+    counts are packed into one int (argument count, positional-only count, star flags);
+    the keyword-only count follows from the number of names. ``co_varnames`` is built
+    anew on every read (Python 3.11+): read once.
     """
-    code = func.__code__
-    stars = code.co_flags & _STARS
-    named = code.co_argcount + code.co_kwonlyargcount + _STAR_COUNT[stars]
-    defaults, kwdefaults = func.__defaults__, func.__kwdefaults__
-    return (
-        code.co_varnames[:named],
-        code.co_argcount,
-        code.co_posonlyargcount,
-        stars,
-        len(defaults) if defaults else 0,
-        tuple(kwdefaults) if kwdefaults else (),
-    )
+    argcount, kwonly, flags = code.co_argcount, code.co_kwonlyargcount, code.co_flags & _STARS
+    names = code.co_varnames
+    named = argcount + kwonly + _STAR_COUNT[flags] if flags or kwonly else argcount
+    if len(names) != named:  # other locals follow the parameters
+        names = names[:named]
+    return names, argcount | code.co_posonlyargcount << 24 | flags << 48
 
 
-def _function_shape(key: tuple[Any, ...], func: types.FunctionType) -> _Shape:
+def _function_shape(key: tuple[tuple[str, ...], int], code: types.CodeType) -> _Shape:
     shape = _shapes.get(key)
     if shape is None:
-        code = func.__code__
         positional, posonly, kwonly = (
             code.co_argcount,
             code.co_posonlyargcount,
             code.co_kwonlyargcount,
         )
-        names = code.co_varnames
+        names = key[0]
         params: list[tuple[str, Any]] = [
             (names[i], _P.POSITIONAL_ONLY if i < posonly else _P.POSITIONAL_OR_KEYWORD)
             for i in range(positional)
@@ -160,7 +181,12 @@ def _function_shape(key: tuple[Any, ...], func: types.FunctionType) -> _Shape:
         params.extend((name, _P.KEYWORD_ONLY) for name in names[positional : positional + kwonly])
         if code.co_flags & _VARKEYWORDS:
             params.append((names[index], _P.VAR_KEYWORD))
-        shape = _shapes[key] = _Shape(tuple(params))
+        parameters = tuple(params)
+        # One shape per parameter list, whether found from code or from a signature.
+        shape = _shapes.get(parameters)
+        if shape is None:
+            shape = _shapes[parameters] = _Shape(parameters)
+        _shapes[key] = shape
     return shape
 
 
@@ -188,8 +214,9 @@ def _signature_shape(func: Any) -> tuple[_Shape, tuple[Any, ...], dict[str, Any]
 
 def _shape_of(func: Any) -> tuple[_Shape, tuple[Any, ...], dict[str, Any]] | None:
     if type(func) is types.FunctionType:
+        code = func.__code__
         return (
-            _function_shape(_function_key(func), func),
+            _function_shape(_function_key(code), code),
             func.__defaults__ or (),
             func.__kwdefaults__ or {},
         )
@@ -238,40 +265,42 @@ def _same_function_shape(
 
     Defaults are passed explicitly to whichever function runs, so both must have the
     very same ones (identical objects, or equal numbers, strings, bytes) or the fallback
-    would change behaviour. The original is compared field by field against the
-    replacement's key (no second key is built: this runs once per patch).
+    would change behaviour. The cheap comparisons come first, and the parameter names (a tuple
+    built on every read) last.
     """
-    key = _function_key(replacement)
-    names, argcount, posonly, stars, n_defaults, kw_names = key
-    code = original.__code__
-    theirs = original.__defaults__
-    their_kw = original.__kwdefaults__
+    ours, theirs = replacement.__code__, original.__code__
     if (
-        code.co_argcount != argcount
-        or code.co_posonlyargcount != posonly
-        or code.co_flags & _STARS != stars
-        or code.co_kwonlyargcount + argcount + _STAR_COUNT[stars] != len(names)
-        or (len(theirs) if theirs else 0) != n_defaults
-        or (tuple(their_kw) if their_kw else ()) != kw_names
-        or code.co_varnames[: len(names)] != names
+        ours.co_argcount != theirs.co_argcount
+        or (ours.co_flags ^ theirs.co_flags) & _STARS
+        or ours.co_kwonlyargcount != theirs.co_kwonlyargcount
+        or ours.co_posonlyargcount != theirs.co_posonlyargcount
     ):
         return None
-    defaults = replacement.__defaults__
-    if defaults is not theirs and defaults:
-        for a, b in zip(defaults, theirs or (), strict=True):  # same length: checked above
+    defaults, their_defaults = replacement.__defaults__, original.__defaults__
+    if defaults is not their_defaults:
+        if defaults is None or their_defaults is None or len(defaults) != len(their_defaults):
+            return None
+        for a, b in zip(defaults, their_defaults, strict=True):
             if a is not b and not (type(a) is type(b) and type(a) in _SIMPLE and a == b):
                 return None
-    kwdefaults = replacement.__kwdefaults__
-    if kwdefaults and not all(_same_default(v, their_kw[k]) for k, v in kwdefaults.items()):  # type: ignore[index]
+    kwdefaults, their_kw = replacement.__kwdefaults__, original.__kwdefaults__
+    if kwdefaults is not their_kw:
+        if kwdefaults is None or their_kw is None or kwdefaults.keys() != their_kw.keys():
+            return None
+        if not all(_same_default(v, their_kw[k]) for k, v in kwdefaults.items()):
+            return None
+    key = _function_key(ours)
+    names = key[0]
+    if theirs.co_varnames[: len(names)] != names:
         return None
-    shape = _shapes.get(key) or _function_shape(key, replacement)
+    shape = _shapes.get(key) or _function_shape(key, ours)
     return shape, defaults or (), kwdefaults or _NO_KWDEFAULTS
 
 
 def _same_callable_shape(replacement: Any, original: Any) -> _Found | None:
     """The same for callables that are not plain functions (through inspect.signature)."""
     ours, other = _shape_of(replacement), _shape_of(original)
-    if ours is None or other is None or ours[0] is not other[0]:
+    if ours is None or other is None or ours[0] is not other[0]:  # one shape per parameter list
         return None
     _, defaults, kwdefaults = ours
     theirs, their_kw = other[1], other[2]
@@ -284,63 +313,13 @@ def _same_callable_shape(replacement: Any, original: Any) -> _Found | None:
     return ours
 
 
-def _fixed_signature_wrapper(
-    found: _Found,
-    check: Callable[..., object],
-    replacement: Callable[..., Any],
-    original: Callable[..., Any],
-    counters: CallCounters,
-) -> Callable[..., Any]:
-    """A ``runtime_checked`` with exactly the replacement's parameters and defaults."""
-    shape, defaults, kwdefaults = found
-    code = shape.code
-    if code is None:
-        code = shape.code = _compile(shape.parameters)
-    module: str | None
-    extra: dict[str, Any] | None
-    if type(replacement) is _FUNCTION:
-        module, name, qualname = (
-            replacement.__module__,
-            replacement.__name__,
-            replacement.__qualname__,
-        )
-        doc, extra = replacement.__doc__, replacement.__dict__
-    else:
-        module = getattr(replacement, "__module__", None)
-        name = getattr(replacement, "__name__", "runtime_checked")
-        qualname = getattr(replacement, "__qualname__", name)
-        doc, extra = getattr(replacement, "__doc__", None), getattr(replacement, "__dict__", None)
-    namespace = {
-        # A function's __module__ is its globals' __name__: the replacement's, as
-        # functools.wraps would set it.
-        "__name__": module,
-        "__builtins__": builtins,
-        "_ap_check": check,
-        "_ap_replacement": replacement,
-        "_ap_original": original,
-        "_ap_tick_replacement": counters.replacements.__next__,
-        "_ap_tick_fallback": counters.fallbacks.__next__,
-    }
-    wrapper = _FUNCTION(code, namespace, name, defaults or None)
-    if kwdefaults:
-        wrapper.__kwdefaults__ = dict(kwdefaults)
-    # What functools.wraps copies, in fewer steps; and the original, for tools.
-    wrapper.__qualname__, wrapper.__doc__ = qualname, doc
-    wrapper.__dict__ = (
-        {**extra, "__wrapped__": replacement, "__ascend_patch_original__": original}
-        if extra
-        else {"__wrapped__": replacement, "__ascend_patch_original__": original}
-    )
-    return wrapper
-
-
-def _compile(parameters: _Parameters) -> types.CodeType:
-    """The code of a ``runtime_checked`` taking exactly ``parameters`` (defaults come per patch)."""
+def _compile(shape: _Shape) -> types.CodeType:
+    """The exact-signature code of ``shape`` (defaults come per wrapper)."""
     definition: list[str] = []
     call: list[str] = []
     seen_positional_only = False
     star_written = False
-    for name, kind in parameters:
+    for name, kind in shape.parameters:
         if kind is _P.POSITIONAL_ONLY:
             definition.append(name)
             call.append(name)
@@ -367,20 +346,74 @@ def _compile(parameters: _Parameters) -> types.CodeType:
             call.append("**" + name)
     if seen_positional_only:
         definition.append("/")
-    args = ", ".join(call)
-    source = (
-        f"def runtime_checked({', '.join(definition)}):\n"
-        f"    try:\n"
-        f"        use = _ap_check({args})\n"
-        f"    except Exception:\n"
-        f"        use = False\n"
-        f"    if use:\n"
-        f"        _ap_tick_replacement()\n"
-        f"        return _ap_replacement({args})\n"
-        f"    _ap_tick_fallback()\n"
-        f"    return _ap_original({args})\n"
-    )
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<ascend-patch runtime_check>", "exec"), namespace)
-    code: types.CodeType = namespace["runtime_checked"].__code__
+    code = _wrapper_code(", ".join(definition), ", ".join(call))
+    shape.code = code
     return code
+
+
+# One template for every wrapper code, so that all have the same closure layout (the
+# free variables, sorted by name) and ``__code__`` can be assigned between them. The
+# exact-signature and generic codes name ``_ap_self`` once, unreachable, for that
+# reason alone; the first-call code uses it to find its own function, then clears it
+# (no reference cycle is left once a wrapper was called). Builtins are reached under
+# reserved names: a parameter may be called ``next`` or ``Exception``.
+_TEMPLATE = """\
+def make(_ap_check, _ap_replacement, _ap_original, _ap_replacements, _ap_fallbacks):
+    _ap_self = None
+
+    def runtime_checked({definition}):
+{prologue}\
+        try:
+            use = _ap_check({call})
+        except _ap_Exception:
+            use = False
+        if use:
+            _ap_next(_ap_replacements)
+            return _ap_replacement({call})
+        _ap_next(_ap_fallbacks)
+        return _ap_original({call})
+        _ap_self  # unreachable: keeps the closure layout
+
+    _ap_self = runtime_checked
+    return runtime_checked
+"""
+
+_FIRST_CALL = """\
+        nonlocal _ap_self
+        _ap_wrapper, _ap_self = _ap_self, None
+        if _ap_wrapper is not None:
+            _ap_specialize(_ap_wrapper, _ap_check, _ap_replacement, _ap_original)
+"""
+
+_NAMESPACE: dict[str, Any] = {
+    "__name__": __name__,
+    "_ap_next": builtins.next,
+    "_ap_Exception": Exception,
+    "_ap_specialize": _specialize,
+}
+
+
+#: Arguments for making a wrapper only to read its code.
+_DUMMIES = (None,) * 5
+
+
+def _factory(definition: str, call: str, prologue: str = "") -> Callable[..., Any]:
+    source = _TEMPLATE.format(definition=definition, call=call, prologue=prologue)
+    namespace = dict(_NAMESPACE)
+    exec(compile(source, "<ascend-patch runtime_check>", "exec"), namespace)
+    make: Callable[..., Any] = namespace["make"]
+    return make
+
+
+def _wrapper_code(definition: str, call: str) -> types.CodeType:
+    code: types.CodeType = _factory(definition, call)(*_DUMMIES).__code__
+    if code.co_freevars != _FREEVARS:  # pragma: no cover - a template edit gone wrong
+        raise AssertionError(f"closure layout {code.co_freevars} != {_FREEVARS}")
+    return code
+
+
+#: make(check, replacement, original, replacement counter, fallback counter): a wrapper
+#: whose first call specializes it. Runs at apply(), once per runtime_check patch.
+_make_first = _factory("*args, **kwargs", "*args, **kwargs", _FIRST_CALL)
+_FREEVARS: tuple[str, ...] = _make_first(*_DUMMIES).__code__.co_freevars
+_GENERIC_CODE = _wrapper_code("*args, **kwargs", "*args, **kwargs")

@@ -227,7 +227,7 @@ def startup(rounds: int, pythons: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 def per_call(rounds: int, number: int) -> dict[str, float]:
     from ascend_patch_core._report import CallCounters
-    from ascend_patch_core._wrappers import _generic_wrapper
+    from ascend_patch_core._wrappers import _GENERIC_CODE
     from ascend_patch_core._wrappers import make_runtime_check_wrapper
 
     def original(a, b=None):
@@ -239,8 +239,14 @@ def per_call(rounds: int, number: int) -> dict[str, float]:
     def check(a, b=None):
         return True
 
+    def narrow_check(a):  # cannot take b: the wrapper must keep *args, **kwargs
+        return True
+
     fixed = make_runtime_check_wrapper(check, replacement, original, CallCounters())
-    generic = _generic_wrapper(check, replacement, original, CallCounters())
+    generic = make_runtime_check_wrapper(narrow_check, replacement, original, CallCounters())
+    fixed(1), generic(1)  # a wrapper's first call chooses the code it keeps
+    if fixed.__code__ is _GENERIC_CODE or generic.__code__ is not _GENERIC_CODE:
+        raise RuntimeError("per_call: the wrappers did not take the codes measured")
     cases = {
         "replacement called directly": lambda: replacement(1),
         "check + replacement called directly": lambda: (check(1), replacement(1)),
