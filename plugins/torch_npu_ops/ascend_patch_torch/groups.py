@@ -235,8 +235,11 @@ class NumpyCompat(Patch):
     """Restore numpy aliases removed in 1.24 and 2.0 (``np.int``, ``np.float``, ``np.float_``, ...)."""
 
     legacy_name = "numpy_type"
-    #: numpy 1.23 and older still have every alias; without numpy there is nothing to do.
-    requires = "numpy>=1.24"
+    #: Without numpy there is nothing to do. Not ``numpy>=1.24``: each patch's precheck
+    #: already leaves alone an alias numpy still has (1.23 and older have them all), and
+    #: a version specifier would import ``packaging.specifiers`` (~10 ms) on every run
+    #: that misses the metadata cache, for every user of a recent numpy.
+    requires = "numpy"
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -101,3 +102,34 @@ def test_library_code_using_aliases_at_import_time_works(np, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
+
+
+def test_planning_the_group_needs_no_version_logic(np, tmp_path):
+    """Its requirement is a bare "numpy": checking it never imports packaging's specifiers.
+
+    Every run that misses the metadata cache would pay that import (~10 ms) for every
+    user of a recent numpy; the per-alias precheck already leaves old numpy alone.
+    """
+    script = textwrap.dedent(
+        """
+        import sys
+        from ascend_patch_core import Patcher
+        from ascend_patch_torch.groups import NumpyCompat
+
+        report = Patcher(autoload=False).add(NumpyCompat).apply()
+        assert "packaging.specifiers" not in sys.modules, "version logic was imported"
+        print(report.get("numpy.float").status.value)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "ASCEND_PATCH_CACHE": "0"},
+    )
+    assert result.returncode == 0, result.stderr
+    # numpy is installed here and not imported yet: the alias waits for its import.
+    assert result.stdout.split() == ["pending"]
