@@ -368,6 +368,11 @@ def _scan_group(group: str) -> tuple[list[_Row], list[_Row]]:
     shadowed: list[_Row] = []
     for dist in importlib_metadata.distributions():
         try:
+            # Most distributions name no entry point of ours: a substring test on the
+            # file is enough to pass them over without parsing it.
+            text = dist.read_text("entry_points.txt")
+            if not text or group not in text:
+                continue
             eps = [ep for ep in dist.entry_points if ep.group == group]
         except Exception:  # a broken distribution must not stop discovery
             continue
