@@ -17,14 +17,13 @@ from __future__ import annotations
 import builtins
 import math
 import sys
-from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
 
-__all__ = ["ALIASES", "asfarray", "in1d", "msort", "numpy_compat_patches"]
+__all__ = ["ALIASES", "asfarray", "in1d", "msort", "numpy_compat_patches", "numpy_lacks"]
 
 
 def asfarray(a: Any, dtype: Any = None) -> Any:
@@ -98,13 +97,14 @@ ALIASES: dict[str, Any] = {
 }
 
 
-def _absent_from_numpy(name: str) -> Callable[[], bool]:
-    def numpy_lacks_it() -> bool:
-        # vars(), not hasattr(): numpy's module __getattr__ warns for removed names.
-        return name not in vars(sys.modules["numpy"])
+def numpy_lacks(target: str) -> bool:
+    """The precheck of every alias: numpy does not define ``target``'s name (any more).
 
-    numpy_lacks_it.__name__ = f"numpy_lacks_{name}"
-    return numpy_lacks_it
+    One function for all 41 patches (it takes the target path by keyword), rather
+    than a closure per alias: they are built on every apply() where numpy is installed.
+    """
+    # vars(), not hasattr(): numpy's module __getattr__ warns for removed names.
+    return target.rpartition(".")[2] not in vars(sys.modules["numpy"])
 
 
 def numpy_compat_patches(options: Any = None) -> Iterator[AtomicPatch]:
@@ -114,5 +114,5 @@ def numpy_compat_patches(options: Any = None) -> Iterator[AtomicPatch]:
             f"numpy.{name}",
             meaning,
             create=True,
-            precheck=_absent_from_numpy(name),
+            precheck=numpy_lacks,
         )
