@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from . import _runtime_memory
+
 # _modules fills torch.npu from this module by the names in the export tables below,
 # so the names defined by the sibling modules are bound here too.
 from ._runtime_memory import _dump_snapshot as _dump_snapshot
@@ -347,25 +349,7 @@ AMP_EXPORTS = (
     "is_autocast_enabled",
 )
 
-MEMORY_EXPORTS = (
-    "_dump_snapshot",
-    "_record_memory_history",
-    "_snapshot",
-    "empty_cache",
-    "max_memory_allocated",
-    "max_memory_cached",
-    "max_memory_reserved",
-    "mem_get_info",
-    "memory_allocated",
-    "memory_cached",
-    "memory_reserved",
-    "memory_stats",
-    "memory_summary",
-    "reset_accumulated_memory_stats",
-    "reset_max_memory_allocated",
-    "reset_max_memory_cached",
-    "reset_peak_memory_stats",
-    "set_per_process_memory_fraction",
-)
+#: torch.npu.memory: what _runtime_memory defines (and this module re-binds).
+MEMORY_EXPORTS = tuple(_runtime_memory.__all__)
 
 UTILS_EXPORTS = ("get_cann_version", "is_jit_compile_false", "set_compile_mode")

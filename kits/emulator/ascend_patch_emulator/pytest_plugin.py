@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Iterator
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from typing import Any
 
 import pytest
+
+# torch-free at import (torch is imported when a helper runs): the plugin stays light.
+from ._parity import assert_parity as assert_parity
+from ._parity import tolerance_for as tolerance_for
 
 
 if TYPE_CHECKING:
@@ -57,43 +59,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "default version). One version per pytest process.",
     )
     parser.addini(_INI, "torch_npu version the npu_emulator fixture emulates", default="")
-
-
-def assert_parity(
-    original: Callable[..., Any],
-    replacement: Callable[..., Any],
-    *inputs: Any,
-    kwargs: Mapping[str, Any] | None = None,
-    grad: bool = True,
-    rtol: float | None = None,
-    atol: float | None = None,
-    seed: int | None = 0,
-) -> None:
-    """Assert ``replacement`` matches ``original`` on the same inputs, outputs and gradients.
-
-    See :func:`ascend_patch_emulator._parity.assert_parity` for the details:
-    cloned inputs per run, floating tensors require grad, dtype-aware tolerances
-    (``rtol``/``atol`` override them), same seeded cotangents for the backward pass.
-    """
-    from ._parity import assert_parity as run
-
-    run(
-        original,
-        replacement,
-        *inputs,
-        kwargs=kwargs,
-        grad=grad,
-        rtol=rtol,
-        atol=atol,
-        seed=seed,
-    )
-
-
-def tolerance_for(*dtypes: Any) -> tuple[float, float]:
-    """The ``(rtol, atol)`` :func:`assert_parity` uses for results of these dtypes."""
-    from ._parity import tolerance_for as pick
-
-    return pick(*dtypes)
 
 
 @pytest.fixture(scope="session")
