@@ -95,10 +95,7 @@ def _specialize(
     """
     code = _GENERIC_CODE
     try:
-        if type(replacement) is _FUNCTION and type(original) is _FUNCTION:
-            found = _same_function_shape(replacement, original)
-        else:
-            found = _same_callable_shape(replacement, original)
+        found = _same_shape(replacement, original)
         # The check must accept what the replacement receives (defaults filled in);
         # otherwise keep exact call-through semantics with the generic code.
         if found is not None:
@@ -253,52 +250,17 @@ def _check_accepts(check: Callable[..., object], shape: _Shape) -> bool:
 
 
 _SIMPLE = (int, float, str, bool, bytes)
-_NO_KWDEFAULTS: dict[str, Any] = {}
 #: (shape, positional defaults, keyword-only defaults) of a replacement.
 _Found = tuple[_Shape, tuple[Any, ...], dict[str, Any]]
 
 
-def _same_function_shape(
-    replacement: types.FunctionType, original: types.FunctionType
-) -> _Found | None:
-    """The shape both functions have, with the replacement's defaults; None if they differ.
+def _same_shape(replacement: Any, original: Any) -> _Found | None:
+    """The shape both callables have, with the replacement's defaults; None if they differ.
 
     Defaults are passed explicitly to whichever function runs, so both must have the
     very same ones (identical objects, or equal numbers, strings, bytes) or the fallback
-    would change behaviour. The cheap comparisons come first, and the parameter names (a tuple
-    built on every read) last.
+    would change behaviour.
     """
-    ours, theirs = replacement.__code__, original.__code__
-    if (
-        ours.co_argcount != theirs.co_argcount
-        or (ours.co_flags ^ theirs.co_flags) & _STARS
-        or ours.co_kwonlyargcount != theirs.co_kwonlyargcount
-        or ours.co_posonlyargcount != theirs.co_posonlyargcount
-    ):
-        return None
-    defaults, their_defaults = replacement.__defaults__, original.__defaults__
-    if defaults is not their_defaults:
-        if defaults is None or their_defaults is None or len(defaults) != len(their_defaults):
-            return None
-        for a, b in zip(defaults, their_defaults, strict=True):
-            if a is not b and not (type(a) is type(b) and type(a) in _SIMPLE and a == b):
-                return None
-    kwdefaults, their_kw = replacement.__kwdefaults__, original.__kwdefaults__
-    if kwdefaults is not their_kw:
-        if kwdefaults is None or their_kw is None or kwdefaults.keys() != their_kw.keys():
-            return None
-        if not all(_same_default(v, their_kw[k]) for k, v in kwdefaults.items()):
-            return None
-    key = _function_key(ours)
-    names = key[0]
-    if theirs.co_varnames[: len(names)] != names:
-        return None
-    shape = _shapes.get(key) or _function_shape(key, ours)
-    return shape, defaults or (), kwdefaults or _NO_KWDEFAULTS
-
-
-def _same_callable_shape(replacement: Any, original: Any) -> _Found | None:
-    """The same for callables that are not plain functions (through inspect.signature)."""
     ours, other = _shape_of(replacement), _shape_of(original)
     if ours is None or other is None or ours[0] is not other[0]:  # one shape per parameter list
         return None
