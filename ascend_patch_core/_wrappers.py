@@ -145,7 +145,8 @@ _STAR_COUNT = {0: 0, _VARARGS: 1, _VARKEYWORDS: 1, _STARS: 2}
 def _function_key(code: types.CodeType) -> tuple[tuple[str, ...], int]:
     """A key equal for two functions exactly when their parameters are: (names, counts).
 
-    Read from the code object in a few attribute loads: no ``inspect.signature``. The
+    Read from the code object: these are the parameters the function really takes
+    (``inspect.signature`` follows ``__wrapped__`` to another function's). The
     counts are packed into one int (argument count, positional-only count, star flags);
     the keyword-only count follows from the number of names. ``co_varnames`` is built
     anew on every read (Python 3.11+): read once.
