@@ -265,6 +265,13 @@ def test_every_package_under_test_is_found_with_its_modules() -> None:
     assert len(modules_of(ENGINE)) > 10
 
 
+def test_the_lists_above_name_every_kit_and_plugin_distribution() -> None:
+    """A new kit or plugin directory is checked too: KITS and PLUGINS are every one with a pyproject.toml."""
+    for folder, listed in (("kits", KITS), ("plugins", PLUGINS)):
+        found = {p.parent.name for p in (REPO / folder).glob("*/pyproject.toml")}
+        assert found == set(listed), f"{folder}/: add the new distribution to the list here"
+
+
 def test_engine_never_imports_a_kit_or_a_plugin() -> None:
     """No module of ascend_patch_core imports a kit or plugin package, anywhere in the file or by a literal dynamic import."""
     offenders = [
@@ -294,7 +301,10 @@ def test_kits_and_plugins_use_only_the_public_engine_api() -> None:
 
 
 def import_graph(package: str) -> dict[str, dict[str, int]]:
-    """module -> {module it imports: line}, within ``package``, leaving TYPE_CHECKING imports out.
+    """module -> {module it imports: line}, within ``package``: what runs at import time.
+
+    TYPE_CHECKING imports and dynamic ones (``importlib.import_module``, made when a
+    function runs) are left out: they cannot form a circle at import.
 
     ``from X import a`` is an edge to X.a when that is a module of the package, else to X;
     ``import X.Y`` is an edge to X.Y only (its parent packages are not counted).

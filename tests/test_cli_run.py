@@ -624,16 +624,7 @@ def test_every_torchrun_rank_is_patched(tmp_path: Path, site: Path, launcher: li
     assert json.loads(result.read_text()) == {"patched_ranks": 2, "world_size": 2}
 
 
-def _emulator_available() -> bool:
-    import ascend_patch_emulator as emulator
-
-    return hasattr(emulator, "activate")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not _emulator_available(), reason="the NPU emulator (emulator.activate) is not in this build"
-)
 def test_emulate_npu_makes_torch_npu_work_in_the_program(tmp_path: Path) -> None:
     """--emulate-npu: the unmodified program imports torch_npu and computes on an (emulated) NPU device."""
     write(

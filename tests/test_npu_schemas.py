@@ -63,6 +63,7 @@ def test_committed_versions_are_the_generators_list(extractor):
 def test_data_files_are_compact_and_one_op_per_line():
     """Files total under 1.5 MB; each op is one line, sorted, and the header names the version and wheel."""
     files = sorted(DATA.glob("torch_npu-*.json"))
+    assert {f.name for f in files} >= {f"torch_npu-{v}.json" for v in REQUIRED}, DATA
     assert sum(f.stat().st_size for f in files) < 1_500_000
     for path in files:
         text = path.read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ def test_fixtures_activate_the_emulator_and_revert_the_patcher(pytester, make_pa
     pytester.makepyfile(
         f"""
         import importlib
+        import pytest
         from ascend_patch_core import AtomicPatch
 
         def test_emulator(npu_emulator, emulated_torch_npu_version):
@@ -31,6 +32,8 @@ def test_fixtures_activate_the_emulator_and_revert_the_patcher(pytester, make_pa
 
         def test_parity_fixture(assert_parity):
             assert_parity(abs, abs, -1.5)
+            with pytest.raises(AssertionError):
+                assert_parity(abs, lambda x: x, -1.5)
         """
     )
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
