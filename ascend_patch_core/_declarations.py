@@ -26,6 +26,7 @@ from ._patch import EnvSetting
 from ._plan import Declared
 from ._plan import Plan
 from ._plan import conflicting_groups
+from ._plan import known_names
 from ._plan import plan
 from ._registry import PluginSelection
 from ._registry import load_plugins
@@ -47,13 +48,7 @@ __all__ = [
     "PluginInfo",
     "Requirement",
     "collect",
-    "dotted",
 ]
-
-
-def dotted(target: str) -> str:
-    """A target path as one dotted name: ``pkg.mod:Cls.f`` -> ``pkg.mod.Cls.f``."""
-    return target.replace(":", ".")
 
 
 class Requirement(Value):
@@ -250,8 +245,8 @@ def _patch_of(entry: Entry, installed: _Installed) -> DeclaredPatch:
         "patch",
         entry.patch.name,
         record.group,
-        dotted(entry.patch.target),
-        tuple(dotted(a) for a in entry.patch.aliases),
+        entry.patch.path.key,
+        tuple(p.key for p in entry.patch.alias_paths),
         tuple(Requirement(*v) for v in entry.verdicts),
         entry.after,
         library,
@@ -371,20 +366,17 @@ def _fill(
             infos[record.provenance.plugin].errors.append(f"group {record.name}: {record.reason}")
     by_target: dict[str, list[DeclaredPatch]] = {}
     for path, first, later in planned.collisions:
-        holders = by_target.setdefault(dotted(path), [patch_of[id(first)]])
+        holders = by_target.setdefault(path, [patch_of[id(first)]])
         holders.append(patch_of[id(later)])
     inventory._collisions = list(by_target.items())
-    groups = {name: entry for name, entry in planned.groups.items()}
-    owner = {name: provenance.plugin or "?" for name, (_, provenance) in groups.items()}
+    owner = {name: provenance.plugin or "?" for name, (_, provenance) in planned.groups.items()}
     inventory._conflicts = [
         (owner[name], name, other)
-        for name, other in conflicting_groups([g for g, _ in groups.values()], disable)
+        for name, other in conflicting_groups([g for g, _ in planned.groups.values()], disable)
     ]
     inventory._missing = [(patch_of[id(entry)], name) for entry, name in planned.missing_after]
-    known: set[str] = set()
+    plugin_names: set[str] = set()
     for info in infos.values():
-        known |= {info.name, normalize_name(info.provenance.distribution or info.name)}
-        known |= set(info.groups)
-        for patch in info.patches:
-            known |= {patch.name, patch.target}
-    inventory._known = known
+        plugin_names |= {info.name, normalize_name(info.provenance.distribution or info.name)}
+    groups = (group for group, _ in planned.groups.values())
+    inventory._known = known_names(ledger, groups, plugin_names)

@@ -45,7 +45,6 @@ __all__ = [
     "dependency_order",
     "in_cycle",
     "label",
-    "norm_target",
     "own_modules",
     "who",
 ]
@@ -187,8 +186,9 @@ class Entry(Site):
 
     @property
     def names(self) -> frozenset[str]:
-        """What ``disable()`` and ``after=`` may call it: patch name, target, group."""
-        names = {self.patch.name, self.patch.target}
+        """What ``disable()`` and ``after=`` may call it: patch name, target (also dotted), group."""
+        patch = self.patch
+        names = {patch.name, patch.target, patch.path.key}
         group = self.record.group
         if group:
             names.add(group)
@@ -293,10 +293,6 @@ def own_modules(entries: Iterable[Entry]) -> list[str]:
     return sorted(names)
 
 
-def norm_target(path: str) -> str:
-    return path.replace(":", ".")
-
-
 def who(entry: Entry) -> str:
     text = repr(entry.patch.name)
     if entry.group and entry.group != entry.patch.name:
@@ -383,12 +379,6 @@ class Ledger:
             self.hooks.extend(hooks)
             self.legacy.extend(legacy)
 
-    def holder_of(self, path: str) -> Entry | None:
-        """The live entry that patches ``path`` (as target or alias), if any."""
-        entry = self.by_target.get(norm_target(path))
-        if entry is not None and entry.status in NOT_APPLIED:
-            return None
-        return entry
 
     def clear(self) -> tuple[list[Entry], list[HookState], list[LegacyState]]:
         """Forget every entry (revert): return what was there."""

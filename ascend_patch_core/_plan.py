@@ -29,7 +29,6 @@ from ._entries import Ledger
 from ._entries import LegacyState
 from ._entries import dependency_order
 from ._entries import in_cycle
-from ._entries import norm_target
 from ._entries import who
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
@@ -309,16 +308,16 @@ def _check_collisions(entries: list[Entry], ledger: Ledger, result: Plan, strict
                 continue
         paths = (patch.path, *patch.alias_paths) if patch.alias_paths else (patch.path,)
         for target in paths:
-            path, key = target.text, target.key
+            key = target.key
             first = by_target.get(key)
             if first is None or first.record.status in NOT_APPLIED:
                 by_target[key] = entry
                 continue
             if first is entry:
                 continue
-            result.collisions.append((path, first, entry))
+            result.collisions.append((key, first, entry))
             message = (
-                f"{who(first)} and {who(entry)} both patch {path}; they are applied in that order, "
+                f"{who(first)} and {who(entry)} both patch {target.text}; they are applied in that order, "
                 f"so {entry.patch.name!r} is installed over {first.patch.name!r}"
             )
             if strict:
@@ -391,7 +390,6 @@ def known_names(
     with ledger.lock:
         for entry in ledger.entries:
             known |= entry.names
-            known.add(norm_target(entry.patch.target))
         known |= {h.hook.name for h in ledger.hooks}
         known |= {lg.patch.name for lg in ledger.legacy}
         for record in ledger.records:

@@ -226,3 +226,24 @@ def test_a_replace_import_that_cannot_be_built_raises_in_strict_mode(
         assert "real module" not in (record.reason or "")  # strict: not imported instead
     finally:
         patcher.revert()
+
+
+# ----------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("spelling", ["{pkg}.core:Box.f", "{pkg}.core.Box.f"])
+def test_disable_takes_a_target_in_either_spelling(
+    make_package: PackageFactory, spelling: str
+) -> None:
+    """A patch on ``pkg.core:Box.f`` is disabled by that path or by its dotted form, without warning."""
+    pkg = make_package(
+        {"core.py": "class Box:\n    @staticmethod\n    def f():\n        return 1\n"}
+    )
+    patcher = Patcher().add(AtomicPatch(f"{pkg}.core:Box.f", staticmethod(lambda: 2)))
+    try:
+        report = patcher.disable(spelling.format(pkg=pkg)).apply()
+        assert imp(f"{pkg}.core").Box.f() == 1
+        assert report.get(f"{pkg}.core:Box.f").status is Status.SKIPPED
+        assert not report.warnings
+    finally:
+        patcher.revert()
