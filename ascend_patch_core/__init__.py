@@ -122,8 +122,9 @@ def apply(
         disable=disable, plugins=plugins, autoload=autoload, strict=strict
     )
     if enable is not None:
-        names = enable.split(",") if isinstance(enable, str) else list(enable)
-        default_patcher.enable(*(n.strip() for n in names if n.strip()))
+        from ._registry import split_names
+
+        default_patcher.enable(*sorted(split_names(enable)))
     return default_patcher.apply()
 
 

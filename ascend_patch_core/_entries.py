@@ -123,7 +123,6 @@ class Entry(Site):
         "claimed",
         "dependents",
         "deps",
-        "immediate",
         "new_inner",
         "original",
         "patch",
@@ -136,8 +135,6 @@ class Entry(Site):
 
     #: Owned by the thread installing it (from the claim until the end of its life).
     claimed: bool
-    #: Installed while apply() ran (module imported earlier): stale references possible.
-    immediate: bool
     #: Requirements checked, with their answers: (text, satisfied, explanation).
     verdicts: list[tuple[str, bool, str]] | tuple[()]
     #: The entries it waits for (``after=``), and those waiting for it.
@@ -170,7 +167,7 @@ class Entry(Site):
         self.after = (*patch.after, *after) if after else patch.after
         self.alias_sites = [Site(p) for p in patch.alias_paths] if patch.alias_paths else ()
         self.path = patch.path
-        self.claimed = self.immediate = False
+        self.claimed = False
         self.verdicts = self.deps = self.dependents = ()
         self.watching = self.original = self.replacement = self.new_inner = None
         self.slot = self.installed = self.installed_inner = self.earlier = self.rebinds = None
@@ -378,7 +375,6 @@ class Ledger:
             self.entries.extend(entries)
             self.hooks.extend(hooks)
             self.legacy.extend(legacy)
-
 
     def clear(self) -> tuple[list[Entry], list[HookState], list[LegacyState]]:
         """Forget every entry (revert): return what was there."""

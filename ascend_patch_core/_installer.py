@@ -22,6 +22,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from ._entries import NOT_APPLIED
 from ._entries import Entry
 from ._entries import Ledger
 from ._entries import Site
@@ -31,6 +32,7 @@ from ._errors import PatchError
 from ._errors import SkipPatch
 from ._hub import hub
 from ._hub import import_in_progress
+from ._hub import import_locks
 from ._hub import in_import_callback
 from ._hub import initializing
 from ._hub import wait_for_import
@@ -110,7 +112,7 @@ class Installer:
     def _dependencies_applied(self, entry: Entry) -> bool:
         """Under the lock: whether every ``after`` dependency is in (else skip or wait)."""
         for dep in entry.deps:
-            if dep.status in (SKIPPED, FAILED, REVERTED):
+            if dep.status in NOT_APPLIED:
                 reason = f"needs {dep.patch.name!r}, which is {dep.status.value}"
                 self.finish(entry, SKIPPED, reason)
                 return False
@@ -228,7 +230,8 @@ class Installer:
         entries in ``crowded`` (ids of entries that share a target: the second wraps
         what the first put in) -- goes the one-by-one way of :meth:`advance`, after.
         """
-        if _module_locks():  # an import is in progress: modules may be initializing
+        locks = import_locks()
+        if locks is None or locks:  # an import is in progress: modules may be initializing
             for entry in entries:
                 self.advance(entry)
             return
@@ -236,8 +239,10 @@ class Installer:
         follow_up: list[Entry] = []
         later: list[Entry] = []
         immediate = self.applying_thread == threading.get_ident()
-        log, stale = self.log, self.stale_candidates
-        make_wrapper = None
+        # Its module's first import must not start under the ledger lock.
+        make_wrapper = (
+            wrapper_maker() if any(e.patch.runtime_check is not None for e in entries) else None
+        )
         with self.ledger.lock:
             modules_before = module_ids()
             for entry in entries:
@@ -263,8 +268,8 @@ class Installer:
                 if check is None:
                     new = replacement
                 elif type(replacement) is type(original) is type(check) is _FUNCTION:
-                    # Reading three plain functions' code and defaults runs no user code.
-                    make_wrapper = make_wrapper or wrapper_maker()
+                    # Making a wrapper of plain functions runs no user code.
+                    assert make_wrapper is not None
                     new = make_wrapper(check, replacement, original, entry.record.counters)
                 else:
                     to_build.append((entry, slot))
@@ -272,14 +277,8 @@ class Installer:
                 entry.replacement, entry.new_inner = replacement, new
                 entry.original = None if original is ABSENT else original  # create=True
                 setattr(owner, slot.key, new)
-                entry.slot, entry.installed, entry.installed_inner = slot, new, new
                 entry.modules_before = modules_before
-                log.append(entry)
-                if immediate:
-                    entry.immediate = True
-                    stale.append(entry)
-                record = entry.record
-                record.status, record.reason = APPLIED, None
+                self._commit(entry, slot, new, immediate)
                 if entry.dependents or entry.alias_sites or _may_be_lazy(new):
                     follow_up.append(entry)
         for entry in follow_up:
@@ -360,10 +359,7 @@ class Installer:
             if snapshot is None or snapshot[0] != len(sys.modules):
                 snapshot = self._snapshot = (len(sys.modules), module_ids())
             modules_before = snapshot[1]
-            if slot.kind == "item":
-                slot.owner[slot.key] = new_raw
-            else:
-                setattr(slot.owner, slot.key, new_raw)
+            slot.install(new_raw)
         except Skip as skip:
             with self.ledger.lock:
                 self.finish(entry, SKIPPED, str(skip))
@@ -398,7 +394,6 @@ class Installer:
             entry.installed_now(slot, new_raw, entry.new_inner, entry.modules_before)
         self.log.append(entry)
         if immediate:
-            entry.immediate = True
             self.stale_candidates.append(entry)
         record.status, record.reason = APPLIED, None
         return True
@@ -443,10 +438,3 @@ def _may_be_lazy(inner: Any) -> bool:
     if type(inner) in (staticmethod, classmethod):
         inner = inner.__func__
     return type(inner) is _FUNCTION and "__ascend_patch_with_imports__" in inner.__dict__
-
-
-def _module_locks() -> Any:
-    """importlib's table of the module locks held now (names of modules being imported)."""
-    from importlib import _bootstrap
-
-    return getattr(_bootstrap, "_module_locks", True)

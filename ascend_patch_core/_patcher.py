@@ -93,12 +93,13 @@ class Patcher:
         self._activations = Activations(self._ledger, self._rules_strict)
         self._sessions: list[Session] = []
         self._applied = False
-        self._applying_thread: int | None = None
+        #: ASCEND_PATCH_ENABLE's names as apply() read them (kept apart from enable()'s).
+        self._env_enabled: frozenset[str] = frozenset()
         self._apply_finished = threading.Event()
 
     def _rules_strict(self) -> bool:
         # Rules act before apply() settles strictness: the argument, else the switch.
-        if self._applied or self._applying_thread is not None:
+        if self._applied or self._installer.applying_thread is not None:
             return self._strict
         return self._config.selection().strict
 
@@ -302,13 +303,14 @@ class Patcher:
         """
         me = threading.get_ident()
         with self._ledger.lock:
-            if self._applied or self._applying_thread == me:
+            if self._applied or self._installer.applying_thread == me:
                 return self.report
-            finished = self._apply_finished if self._applying_thread is not None else None
+            applying = self._installer.applying_thread
+            finished = self._apply_finished if applying is not None else None
             if finished is None:
                 selection = self._config.selection()
                 self._strict = selection.strict
-                self._applying_thread = self._installer.applying_thread = me
+                self._installer.applying_thread = me
                 self._apply_finished = threading.Event()
         if finished is not None:
             # Another thread is applying: wait for it (outside the lock, since its
@@ -319,13 +321,13 @@ class Patcher:
             self._apply(selection)
         finally:
             with self._ledger.lock:
-                self._applying_thread = self._installer.applying_thread = None
+                self._installer.applying_thread = None
                 self._apply_finished.set()
         return self.report
 
     def _apply(self, selection: PluginSelection) -> None:
         config = self._config
-        config.enabled |= selection.enable
+        self._env_enabled = selection.enable
         found = PluginDeclarations()
         if config.autoload or config.extra_plugins:
             found = load_declarations(selection, config.autoload, config.disabled)
@@ -363,7 +365,7 @@ class Patcher:
     def _switches(self) -> dict[str, Any]:
         return {
             "disabled": frozenset(self._config.disabled),
-            "enabled": frozenset(self._config.enabled),
+            "enabled": frozenset(self._config.enabled | self._env_enabled),
             "strict": self._strict,
         }
 
@@ -396,7 +398,10 @@ class Patcher:
     def _raise_if_strict_failed(self) -> None:
         if not self._strict:
             return
-        failed = [r for r in self.report.records if r.status is FAILED]
+        # The ledger, not self.report: reading the report runs the stale-reference scan,
+        # which waits until someone reads it.
+        with self._ledger.lock:
+            failed = [r for r in self._ledger.records if r.status is FAILED]
         if failed:
             raise PatchError(
                 "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
@@ -404,10 +409,15 @@ class Patcher:
 
     def _check_unknown_names(self, groups: dict[str, Any], plugin_names: set[str]) -> None:
         config = self._config
-        if not (config.disabled or config.enabled):
+        switches = (
+            ("disable()", config.disabled),
+            ("enable()", config.enabled),
+            ("ASCEND_PATCH_ENABLE", self._env_enabled),
+        )
+        if not any(names for _, names in switches):
             return
         known = known_names(self._ledger, (g for g, _ in groups.values()), plugin_names)
-        for switch, names in (("disable()", config.disabled), ("enable()", config.enabled)):
+        for switch, names in switches:
             for name in unknown_names(names, known):
                 message = f"{switch} names {name!r}, which matches no patch, group, hook or plugin"
                 if self._strict:

@@ -49,6 +49,7 @@ __all__ = [
     "PluginSelection",
     "close_match",
     "load_plugins",
+    "split_names",
     "unknown_names",
 ]
 
@@ -56,7 +57,8 @@ HOOK_NAMES = ("configure_env", "register_import_rules", "register_patches")
 _FALSE = ("0", "false", "no", "off", "")
 
 
-def _split_names(value: str | Iterable[str] | None) -> frozenset[str]:
+def split_names(value: str | Iterable[str] | None) -> frozenset[str]:
+    """The names a switch was given: comma-separated text or an iterable, blanks dropped."""
     if value is None:
         return frozenset()
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -116,13 +118,13 @@ class PluginSelection(Value):
         enable: str | Iterable[str] | None = None,
     ) -> PluginSelection:
         env = os.environ if environ is None else environ
-        env_disable = _split_names(env.get("ASCEND_PATCH_DISABLE"))
+        env_disable = split_names(env.get("ASCEND_PATCH_DISABLE"))
         env_allow = env.get("ASCEND_PATCH_PLUGINS")
         allow: frozenset[str] | None
         if plugins is not None:
-            allow = _split_names(plugins)
+            allow = split_names(plugins)
         elif env_allow is not None and env_allow.strip():
-            allow = _split_names(env_allow)
+            allow = split_names(env_allow)
         else:
             allow = None
         if autoload is None:
@@ -130,12 +132,12 @@ class PluginSelection(Value):
         if strict is None:
             strict = env.get("ASCEND_PATCH_STRICT", "0").strip().lower() not in _FALSE
         return cls(
-            disable=env_disable | _split_names(disable),
+            disable=env_disable | split_names(disable),
             allow=allow,
             autoload=autoload,
             strict=strict,
             extra=tuple(extra),
-            enable=_split_names(env.get("ASCEND_PATCH_ENABLE")) | _split_names(enable),
+            enable=split_names(env.get("ASCEND_PATCH_ENABLE")) | split_names(enable),
         )
 
 

@@ -17,7 +17,7 @@ from ._metadata import MetadataCache
 from ._metadata import normalize_name
 
 
-__all__ = ["check_requirement", "overridden_versions", "override_version"]
+__all__ = ["check_requirement", "override_version"]
 
 _HEAD = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*$"
 
@@ -47,11 +47,6 @@ def override_version(distribution: str, version: str | None, note: str = "") -> 
             _overrides[key] = previous
 
     return undo
-
-
-def overridden_versions() -> dict[str, tuple[str | None, str]]:
-    """The overrides in force: ``{distribution: (version, note)}``."""
-    return dict(_overrides)
 
 
 def check_requirement(text: str, cache: MetadataCache) -> tuple[bool, str]:

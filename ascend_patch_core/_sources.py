@@ -79,13 +79,9 @@ def load_declarations(
     plugins, records, warnings = load_plugins(selection, metadata, disabled)
     found = PluginDeclarations()
     found.records, found.warnings = records, warnings
-    off = disabled | {normalize_name(d) for d in disabled}
-    for plugin in plugins:
+    for plugin in plugins:  # load_plugins has left the disabled ones out
         distribution = normalize_name(plugin.provenance.distribution or plugin.name)
         found.plugin_names |= {plugin.name, distribution}
-        if plugin.name in off or (plugin.provenance.distribution and distribution in off):
-            plugin.record.set(SKIPPED, "disabled by Patcher.disable()")
-            continue
         found.env.extend((setting, plugin.provenance) for setting in plugin.env)
         found.rules.extend((rule, plugin.provenance) for rule in plugin.rules)
         found.declared.extend(Declared(item, None, plugin.provenance) for item in plugin.patches)

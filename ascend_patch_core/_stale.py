@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ._entries import own_modules
+from ._hub import import_locks
 from ._report import APPLIED
 
 
@@ -67,11 +68,9 @@ def module_ids() -> frozenset[int]:
     # which is what triggered the install) binds the replacement afterwards: it is not
     # "before". importlib holds a lock per module being imported; their names are far
     # fewer than the modules (asking each module's spec costs ~1 ms with torch loaded).
-    from importlib import _bootstrap
-
-    locks = getattr(_bootstrap, "_module_locks", None)
+    locks = import_locks()
     loaded = loaded_modules()
-    if isinstance(locks, dict):
+    if locks is not None:
         if locks:
             busy = set(locks)
             found = frozenset(id(m) for name, m in loaded.items() if name not in busy)

@@ -104,10 +104,23 @@ def test_revert_restores_an_enabled_group(torch_plugin, monkeypatch):
     assert torch.Tensor.__getitem__ is ORIGINAL_GETITEM
 
 
+def test_the_variable_is_read_at_each_apply_not_kept(torch_plugin, monkeypatch):
+    """After revert(), an apply() without ASCEND_PATCH_ENABLE leaves the group off again."""
+    monkeypatch.setenv("ASCEND_PATCH_ENABLE", "TensorIndex")
+    patcher = torch_plugin()
+    patcher.revert()
+    monkeypatch.delenv("ASCEND_PATCH_ENABLE")
+    report = patcher.apply()
+    assert report.get("TensorIndex", kind="group").status is Status.SKIPPED
+    assert torch.Tensor.__getitem__ is ORIGINAL_GETITEM
+
+
 def test_a_misspelt_name_is_reported(torch_plugin, monkeypatch):
     monkeypatch.setenv("ASCEND_PATCH_ENABLE", "TensorIdx")
     report = torch_plugin(strict=False).report
-    assert any("TensorIdx" in warning for warning in report.warnings), report.warnings
+    assert any(w.startswith("ASCEND_PATCH_ENABLE names 'TensorIdx'") for w in report.warnings), (
+        report.warnings
+    )
     assert report.get("TensorIndex", kind="group").status is Status.SKIPPED
 
 
