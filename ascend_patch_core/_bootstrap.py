@@ -231,7 +231,7 @@ def _activate_emulator(version: str | None) -> None:
 
     # The emulator is its own distribution, found through its entry point: the engine
     # never imports it (docs/core.md, "Dev kits").
-    info = next((i for i in metadata.entry_points(EMULATOR_GROUP) if i.name == "torch_npu"), None)
+    info = metadata.entry_point(EMULATOR_GROUP, "torch_npu")
     if info is None:
         raise StartError(
             "--emulate-npu needs the NPU emulator, which is not installed: "

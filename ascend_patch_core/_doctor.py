@@ -36,28 +36,19 @@ SCHEMA = "ascend-patch-doctor/1"
 
 
 def _core_info(meta: MetadataCache) -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version
-
     import ascend_patch_core
 
     from ._bootstrap import EMULATOR_GROUP
 
-    try:
-        core_version: str | None = version("ascend-patch-core")
-    except PackageNotFoundError:
-        core_version = None
     package_dir = os.path.dirname(os.path.abspath(ascend_patch_core.__file__ or "."))
     return {
-        "version": core_version,
+        "version": meta.version("ascend-patch-core"),
         "path": package_dir,
         "start_hook": _start_hook(package_dir),
         # The kits are separate distributions: say which are here.
         "emulator": meta.version("ascend-patch-emulator"),
         "training": meta.version("ascend-patch-training"),
-        "emulator_entry_point": any(
-            i.name == "torch_npu" for i in meta.entry_points(EMULATOR_GROUP)
-        ),
+        "emulator_entry_point": meta.entry_point(EMULATOR_GROUP, "torch_npu") is not None,
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
+from ._paths import TargetPath
 from ._report import FAILED
 from ._report import PENDING
 from ._report import REVERTED
@@ -30,7 +31,6 @@ from ._report import Provenance
 from ._report import Record
 from ._report import Status
 from ._target import Slot
-from ._target import TargetPath
 from ._target import inner_callable
 
 

@@ -282,6 +282,10 @@ class MetadataCache:
                 self._dirty = True
             return [EntryPointInfo(*row) for row in rows]
 
+    def entry_point(self, group: str, name: str) -> EntryPointInfo | None:
+        """The entry point ``name`` of ``group`` (the one that wins), or None."""
+        return next((info for info in self.entry_points(group) if info.name == name), None)
+
     def shadowed_entry_points(self, group: str) -> list[EntryPointInfo]:
         """Entry points of ``group`` dropped because an earlier distribution has the same name."""
         with self._lock:

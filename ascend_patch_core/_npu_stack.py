@@ -69,6 +69,7 @@ KNOWN_VARIABLES: dict[str, str] = {
     "INF_NAN_MODE_ENABLE": "1 keeps inf/nan semantics in NPU arithmetic (saturation mode otherwise)",
     "COMBINED_ENABLE": "1 fuses discontiguous-tensor copies",
     "ASCEND_PATCH_DISABLE": "ascend-patch: plugins not to load",
+    "ASCEND_PATCH_ENABLE": "ascend-patch: opt-in patch groups to turn on",
     "ASCEND_PATCH_PLUGINS": "ascend-patch: load only these plugins",
     "ASCEND_PATCH_AUTOLOAD": "ascend-patch: 0 turns plugin discovery off",
     "ASCEND_PATCH_STRICT": "ascend-patch: 1 makes every failure raise",

@@ -19,7 +19,7 @@ from typing import TypeAlias
 from typing import Union
 
 from ._errors import PatchDefinitionError
-from ._target import TargetPath
+from ._paths import TargetPath
 from ._value import Value
 
 

@@ -4,7 +4,7 @@
 planner (``_plan``), starts what the plan leaves pending through the lazy installer
 (``_installer``, ``_module_hooks``), then the settings' providers (``_settings``).
 ``revert()`` replays the installer's log backwards (``_undo``). The state they all
-share -- records, entries, their lock -- is the ledger (``_ledger``).
+share -- records, entries, their lock -- is the :class:`~._entries.Ledger`.
 """
 
 from __future__ import annotations

@@ -122,20 +122,8 @@ def plan(
     records, entries = result.records, result.entries
     for declaration in declared:
         item = declaration.item
-        if type(item) is AtomicPatch:  # most declarations: made here, without a call
-            record = Record(
-                "patch",
-                item.name,
-                item.target,
-                PENDING,
-                None,
-                declaration.group,
-                declaration.provenance,
-            )
-            if item.runtime_check is not None:
-                record.counters = CallCounters()
-            records.append(record)
-            entries.append(Entry(item, record))
+        if type(item) is AtomicPatch:  # most declarations
+            entries.append(_new_entry(item, declaration.group, (), declaration.provenance, result))
         elif isinstance(item, type):
             if item in seen:
                 continue  # a plugin's group the user added too: one group, enabled

@@ -67,7 +67,7 @@ _DISTRIBUTIONS = {
 
 def provider_for(name: str, asked_by: str) -> SettingProvider:
     """The installed provider of setting ``name``; PatchDefinitionError naming the fix if none."""
-    info = next((i for i in metadata.entry_points(GROUP) if i.name == name), None)
+    info = metadata.entry_point(GROUP, name)
     if info is None:
         distribution, requirement = _DISTRIBUTIONS.get(name, ("a distribution", "its provider"))
         raise PatchDefinitionError(

@@ -29,7 +29,6 @@ __all__ = [
     "ABSENT",
     "Missing",
     "Slot",
-    "TargetPath",
     "Waiting",
     "adapt_to_descriptor",
     "candidate_modules",
@@ -180,8 +179,8 @@ def resolve(path: TargetPath, *, create: bool = False) -> Slot | Waiting | Missi
             elif loaded_child is not None:
                 value = loaded_child
             elif last and create:
-                # An attribute the patch makes (NumpyCompat adds back ~40 removed numpy
-                # aliases): no file-system probe for a submodule of that name.
+                # An attribute the patch makes (create=True): no file-system probe for
+                # a submodule of that name; a plugin may make dozens on one module.
                 return Slot("module", obj, seg.name, ABSENT, False, module_name)
             else:
                 if _submodule_may_exist(obj, child_name):

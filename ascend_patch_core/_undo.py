@@ -112,7 +112,7 @@ def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) ->
         entries, hooks, legacy = ledger.clear()
         # Every entry leaves the game now, under the lock: a thread about to install
         # one (an import finishing right now) sees it reverted and stops, and one that
-        # is installing undoes its own installation (see Installer._install).
+        # is installing undoes its own installation (see Installer._after_install).
         for entry in entries:
             if entry.status is APPLIED:
                 entry.record.set(REVERTED, None)
