@@ -222,46 +222,40 @@ class Entry(Site):
 class HookState:
     """The engine's state for one ModuleHook."""
 
-    __slots__ = (
-        "group",
-        "handle",
-        "hook",
-        "modules",
-        "provenance",
-        "record",
-        "requires",
-        "visited",
-    )
+    __slots__ = ("handle", "hook", "modules", "record", "requires", "visited")
 
-    def __init__(
-        self,
-        hook: ModuleHook,
-        record: Record,
-        provenance: Provenance,
-        group: str | None = None,
-        requires: tuple[str, ...] = (),
-    ) -> None:
+    def __init__(self, hook: ModuleHook, record: Record, requires: tuple[str, ...] = ()) -> None:
         self.hook = hook
+        #: Its record: status, reason, group and provenance live there.
         self.record = record
-        self.provenance = provenance
-        self.group = group
         self.requires = (*hook.requires, *requires)
         self.handle: Any = None
         self.visited: set[int] = set()
         self.modules = 0
 
+    @property
+    def group(self) -> str | None:
+        return self.record.group
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.record.provenance
+
 
 class LegacyState:
     """The engine's state for one 1.0 function patch."""
 
-    __slots__ = ("done", "handle", "patch", "provenance", "record")
+    __slots__ = ("done", "handle", "patch", "record")
 
-    def __init__(self, patch: LegacyPatch, record: Record, provenance: Provenance) -> None:
+    def __init__(self, patch: LegacyPatch, record: Record) -> None:
         self.patch = patch
         self.record = record
-        self.provenance = provenance
         self.handle: Any = None
         self.done = False
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.record.provenance
 
 
 def own_modules(entries: Iterable[Entry]) -> list[str]:

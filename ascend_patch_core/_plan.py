@@ -239,7 +239,7 @@ def _new_hook(
 ) -> HookState:
     group_name = group.name if group is not None else None
     record = Record("hook", hook.name, hook.pattern, group=group_name, provenance=provenance)
-    state = HookState(hook, record, provenance, group_name, requires)
+    state = HookState(hook, record, requires)
     if hook.name in disabled or (group_name is not None and group_name in disabled):
         record.set(SKIPPED, "disabled")
     result.records.append(record)
@@ -250,7 +250,7 @@ def _new_legacy(
     patch: Any, provenance: Provenance, result: Plan, disabled: frozenset[str]
 ) -> LegacyState:
     record = Record("legacy", patch.name, patch.target_module or "?", provenance=provenance)
-    state = LegacyState(patch, record, provenance)
+    state = LegacyState(patch, record)
     if patch.name in disabled:
         record.set(SKIPPED, "disabled")
     elif not patch.target_module:

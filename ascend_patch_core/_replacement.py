@@ -21,8 +21,6 @@ from ._target import resolve_string
 
 __all__ = ["build_replacement", "wrapper_maker"]
 
-_make_wrapper: Callable[..., Any] | None = None
-
 
 def build_replacement(
     patch: AtomicPatch, original: Any, counters: CallCounters | None
@@ -67,9 +65,6 @@ def build_replacement(
 
 def wrapper_maker() -> Callable[..., Any]:
     """``make_runtime_check_wrapper``: its module loads on first use, not with every apply()."""
-    global _make_wrapper
-    if _make_wrapper is None:
-        from ._wrappers import make_runtime_check_wrapper
+    from ._wrappers import make_runtime_check_wrapper
 
-        _make_wrapper = make_runtime_check_wrapper
-    return _make_wrapper
+    return make_runtime_check_wrapper
