@@ -201,15 +201,15 @@ class Inventory:
         """Patches whose ``after=`` names no patch or group of any loaded plugin."""
         return list(self._missing)
 
-    def unknown_disabled(self, disabled: Iterable[str]) -> list[str]:
-        """Warnings for names given to ``--disable`` that match no plugin, group or patch."""
-        out = []
-        for name in unknown_names(disabled, self._known):
-            from ._registry import close_match
+    def unknown_given(self, names: Iterable[str], switch: str) -> list[str]:
+        """Warnings for names given to ``switch`` that match no plugin, group or patch."""
+        from ._registry import close_match
 
+        out = []
+        for name in unknown_names(names, self._known):
             hint = close_match(name, sorted(self._known))
             out.append(
-                f"--disable names {name!r}, which matches no plugin, group or patch"
+                f"{switch} names {name!r}, which matches no plugin, group or patch"
                 + (f" (did you mean {hint!r}?)" if hint else "")
             )
         return out

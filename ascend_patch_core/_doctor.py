@@ -180,7 +180,13 @@ def _plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Findi
                     )
                 )
     out.extend(Finding("warning", "unknown-name", w) for w in inventory.warnings)
-    out.extend(Finding("warning", "unknown-name", w) for w in inventory.unknown_disabled(disable))
+    for names, switch in (
+        (disable, "--disable"),
+        (inventory.selection.enable, "--enable / ASCEND_PATCH_ENABLE"),
+    ):
+        out.extend(
+            Finding("warning", "unknown-name", w) for w in inventory.unknown_given(names, switch)
+        )
     for plugin_name, group, other in inventory.group_conflicts():
         out.append(
             Finding(
@@ -330,6 +336,7 @@ def diagnose(
         "selection": {
             "disable": sorted(set(selection.disable) | set(disable)),
             "plugins": sorted(selection.allow) if selection.allow is not None else None,
+            "enable": sorted(selection.enable),
             "autoload": selection.autoload,
             "strict": strict or selection.strict,
         },

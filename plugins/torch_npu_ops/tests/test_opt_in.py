@@ -176,6 +176,8 @@ def test_ascend_patch_run_enable_turns_an_opt_in_group_on(tmp_path):
     doctor = _cli("doctor", "--json", "--enable", "TensorIndex", cwd=tmp_path)
     assert doctor.stdout, doctor.stderr
     data = json.loads(doctor.stdout)
+    assert data["selection"]["enable"] == ["TensorIndex"]
+    assert not [f for f in data["findings"] if f["code"] == "unknown-name"]
     torch_plugin = next(p for p in data["plugins"] if p["name"] == "torch")
     by_group = {}
     for patch in torch_plugin["patches"]:
@@ -187,3 +189,14 @@ def test_ascend_patch_run_enable_turns_an_opt_in_group_on(tmp_path):
     assert all(
         (p["not_applicable_reason"] or "").startswith("opt-in") for p in by_group["FusedOptimizers"]
     )
+
+
+def test_doctor_warns_about_a_misspelt_enable_name(tmp_path):
+    import json
+
+    doctor = _cli("doctor", "--json", "--enable", "TensorIdx", cwd=tmp_path)
+    findings = [f for f in json.loads(doctor.stdout)["findings"] if f["code"] == "unknown-name"]
+    assert [f["message"] for f in findings] == [
+        "--enable / ASCEND_PATCH_ENABLE names 'TensorIdx', which matches no plugin, group or "
+        "patch (did you mean 'TensorIndex'?)"
+    ]
