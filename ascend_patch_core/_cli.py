@@ -49,7 +49,8 @@ def _selection_options(parser: argparse.ArgumentParser, *, what: str) -> None:
         "--disable",
         action="append",
         metavar="NAMES",
-        help=f"comma-separated plugin, group or patch names {what} (repeatable); adds to ASCEND_PATCH_DISABLE",
+        help=f"comma-separated plugin, group or patch names {what} (repeatable); "
+        "besides ASCEND_PATCH_DISABLE, which names plugins only",
     )
     parser.add_argument(
         "--plugins",

@@ -128,7 +128,8 @@ def materialise(reference: str | None) -> tuple[Path, str]:
         [*git, "log", "-1", "--format=%h %cs"], capture_output=True, text=True
     ).stdout.split()
     commit = f"{head[0]} ({head[1]})" if len(head) == 2 else "unknown commit"
-    return tmp, f"{kind} {source} @ {commit}"
+    # The repository and commit say what was measured; the local path would not.
+    return tmp, f"Ascend/DrivingSDK (github.com/Ascend/DrivingSDK) @ {commit}, from a local {kind}"
 
 
 def load_sides(reference: str | None) -> tuple[dict[str, Classes], str]:
