@@ -29,12 +29,21 @@ def _ascend_patch() -> list[str]:
     return [script] if script else [sys.executable, "-m", "ascend_patch_core._cli"]
 
 
+#: What a torchrun rank prints when torch 2.13's gloo teardown aborts it after the
+#: script has finished (seen in ~1 of 12 runs of the *unpatched* reference on this
+#: machine, with destroy_process_group() called): not what these tests are about.
+_GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def _run(command, cwd):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("ASCEND_PATCH_RUN", None)
-    result = subprocess.run(
-        command, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, check=False
-    )
+    for _ in range(2):  # one more try, only after that teardown abort
+        result = subprocess.run(
+            command, cwd=cwd, capture_output=True, text=True, timeout=600, env=env, check=False
+        )
+        if result.returncode == 0 or _GLOO_TEARDOWN_ABORT not in result.stderr:
+            break
     assert result.returncode == 0, (
         f"{' '.join(map(str, command))} failed:\n{result.stdout}\n{result.stderr[-6000:]}"
     )
