@@ -17,7 +17,8 @@ NAMES = [setting.name for setting in env.RECOMMENDED]
 
 
 @pytest.fixture(autouse=True)
-def _unset(monkeypatch: pytest.MonkeyPatch) -> None:
+def _unset(monkeypatch: pytest.MonkeyPatch, npu_emulator: object) -> None:
+    # The settings are offered only where an NPU runtime is (here: the emulator's).
     for name in [*NAMES, env.SWITCH]:
         monkeypatch.delenv(name, raising=False)
 

@@ -7,6 +7,10 @@ and the report show the value and the reason), and removes it again on
 torch_npu's own default, listed below); to turn all of them off, set
 ``ASCEND_PATCH_NPU_ENV=0``.
 
+They are NPU runtime settings, so they are offered only where an NPU runtime is
+importable (torch_npu, or the NPU emulator's stand-in): on a CPU or CUDA machine the
+plugin changes nothing, the environment included.
+
 The values and their reasons are in :data:`RECOMMENDED` (and docs/training.md):
 ``TASK_QUEUE_ENABLE=2`` (torch_npu's default 1), ``CPU_AFFINITY_CONF=1`` (default 0),
 ``HCCL_CONNECT_TIMEOUT=1200`` (default 120 seconds), ``COMBINED_ENABLE=1`` (default 0).
@@ -17,6 +21,8 @@ from __future__ import annotations
 import os
 
 from ascend_patch_core import EnvSetting
+
+from .runtime import npu_runtime_importable
 
 
 __all__ = ["RECOMMENDED", "SWITCH", "recommended_env"]
@@ -49,7 +55,11 @@ RECOMMENDED: tuple[EnvSetting, ...] = (
 
 
 def recommended_env() -> list[EnvSetting]:
-    """The recommendations, unless ``ASCEND_PATCH_NPU_ENV=0`` turns them all off."""
+    """The recommendations where an NPU runtime is importable, unless ``ASCEND_PATCH_NPU_ENV=0``."""
     if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
+        return []
+    # The same test every redirect patch makes before it is installed: no torch_npu (and
+    # no emulator), no NPU settings. Nothing is imported to answer it.
+    if not npu_runtime_importable():
         return []
     return list(RECOMMENDED)

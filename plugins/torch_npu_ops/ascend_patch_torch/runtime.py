@@ -38,7 +38,8 @@ def npu_runtime_importable() -> bool:
     """
     global _lookup
     if "torch_npu" in sys.modules:
-        return True
+        # None there is the import system's "this module is blocked".
+        return sys.modules["torch_npu"] is not None
     key = (*map(id, sys.meta_path), *sys.path)
     if _lookup is not None and _lookup[0] == key:
         return _lookup[1]
