@@ -160,14 +160,9 @@ class MetadataCache:
         return "\n".join(parts), paths
 
     def _enabled(self) -> bool:
-        return self.persistent and os.environ.get(
-            "ASCEND_PATCH_CACHE", "1"
-        ).strip().lower() not in (
-            "0",
-            "false",
-            "no",
-            "off",
-        )
+        from ._env_flags import env_flag
+
+        return self.persistent and env_flag("ASCEND_PATCH_CACHE", True)
 
     def _path(self) -> str:
         directory = os.environ.get("ASCEND_PATCH_CACHE_DIR") or _default_cache_dir()

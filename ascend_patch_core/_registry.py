@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from . import _hookspecs
+from ._env_flags import env_flag
 from ._metadata import EntryPointInfo
 from ._metadata import MetadataCache
 from ._metadata import normalize_name
@@ -54,7 +55,6 @@ __all__ = [
 ]
 
 HOOK_NAMES = ("configure_env", "register_import_rules", "register_patches")
-_FALSE = ("0", "false", "no", "off", "")
 
 
 def split_names(value: str | Iterable[str] | None) -> frozenset[str]:
@@ -69,7 +69,8 @@ class PluginSelection(Value):
     """Which plugins load. Built from the environment, overridable in the API.
 
     * ``disable`` -- ``ASCEND_PATCH_DISABLE``: entry-point or distribution names; ``*`` = all.
-    * ``allow`` -- ``ASCEND_PATCH_PLUGINS``: if set, only these load.
+    * ``allow`` -- ``ASCEND_PATCH_PLUGINS``: if set, only these load (``*``: every
+      installed plugin, even with ``autoload`` off).
     * ``autoload`` -- ``ASCEND_PATCH_AUTOLOAD=0`` turns discovery off; plugins named in
       ``allow`` still load (the pytest ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` model).
     * ``strict`` -- ``ASCEND_PATCH_STRICT=1``: any failure raises.
@@ -128,9 +129,9 @@ class PluginSelection(Value):
         else:
             allow = None
         if autoload is None:
-            autoload = env.get("ASCEND_PATCH_AUTOLOAD", "1").strip().lower() not in _FALSE
+            autoload = env_flag("ASCEND_PATCH_AUTOLOAD", True, env)
         if strict is None:
-            strict = env.get("ASCEND_PATCH_STRICT", "0").strip().lower() not in _FALSE
+            strict = env_flag("ASCEND_PATCH_STRICT", False, env)
         return cls(
             disable=env_disable | split_names(disable),
             allow=allow,
@@ -257,9 +258,10 @@ def load_plugins(
     disabled_all = "*" in selection.disable
     disabled_names = set(selection.disable) | set(also_disabled)
     normalized_disable = {normalize_name(n) for n in disabled_names} | disabled_names
+    allow_all = selection.allow is not None and "*" in selection.allow
     normalized_allow = (
         None
-        if selection.allow is None
+        if selection.allow is None or allow_all
         else ({normalize_name(n) for n in selection.allow} | set(selection.allow))
     )
     for name, prov, ep_info, obj in candidates:
@@ -277,7 +279,12 @@ def load_plugins(
         if normalized_allow is not None and ep_info is not None and not names & normalized_allow:
             record.set(Status.SKIPPED, "not in ASCEND_PATCH_PLUGINS")
             continue
-        if ep_info is not None and not selection.autoload and normalized_allow is None:
+        if (
+            ep_info is not None
+            and not selection.autoload
+            and not allow_all
+            and normalized_allow is None
+        ):
             record.set(Status.SKIPPED, "ASCEND_PATCH_AUTOLOAD=0")
             continue
         plugin = _load_one(pm, name, prov, ep_info, obj, record)
