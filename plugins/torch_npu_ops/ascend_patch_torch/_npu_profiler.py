@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import torch_npu.profiler as npu_profiler
 
+from .devices import to_npu_spec
+
 
 __all__ = ["ProfilerAction", "profile", "schedule", "tensorboard_trace_handler"]
 
@@ -47,3 +49,9 @@ class profile(npu_profiler.profile):  # type: ignore[misc]
             )
             del kwargs["experimental_config"]
         super().__init__(*args, **kwargs)
+
+    def export_memory_timeline(self, output_path: str, device: Any = None) -> Any:
+        """torch_npu's, with a CUDA device (``"cuda:0"``, ``torch.device("cuda", 0)``) moved to the NPU."""
+        if device is not None:
+            device = str(to_npu_spec(device))
+        return super().export_memory_timeline(output_path, device)

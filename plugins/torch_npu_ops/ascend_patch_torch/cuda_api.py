@@ -4,10 +4,14 @@ memory (history and snapshots included), RNG, graphs and the legacy tensor types
 Functions are replaced by small delegates that look ``torch.npu.<name>`` up when
 called, so nothing here needs torch_npu before the program uses it, and device
 arguments such as ``"cuda:1"`` are rewritten on the way. Every call is counted in the
-report. Classes (``Stream``, ``Event``, ``device``, graphs, ``*Tensor``) are replaced by
-the NPU classes themselves, once torch_npu is imported, so ``isinstance`` and
-subclassing keep working; a class torch_npu does not have is skipped, and named in
-the report.
+report. Classes (``Event``, graphs, ``MemPool``, ``*Tensor``) are replaced by the NPU
+classes themselves, once torch_npu is imported, so ``isinstance`` and subclassing keep
+working; the classes that take a device (``device``, ``Stream``, ``ExternalStream``)
+by a stand-in (:func:`ascend_patch_torch._proxies.proxy_of`) that rewrites the device
+and builds the NPU class, so ``torch.cuda.device("cuda:0")`` and
+``torch.cuda.Stream(device=torch.device("cuda", 0))`` work and ``isinstance`` still
+holds. A class torch_npu does not have is skipped, and named in the report.
+``torch.cuda.nvtx`` goes to torch_npu's ``mstx`` (:mod:`ascend_patch_torch.cuda_nvtx`).
 
 ``torch.cuda.amp`` needs nothing here: its ``autocast`` and ``GradScaler`` derive from
 ``torch.amp``'s, which :mod:`ascend_patch_torch.redirect` patches.
@@ -15,8 +19,6 @@ the report.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
@@ -27,20 +29,12 @@ from ._calls import Param
 from ._calls import always
 from ._calls import device
 from ._calls import rewrite_call
+from .cuda_nvtx import nvtx_patches
+from .runtime import npu_module
 from .runtime import npu_runtime_importable
 
 
-__all__ = ["cuda_api_patches", "npu_module", "to_npu_function", "to_npu_memory_function"]
-
-
-def npu_module() -> Any:
-    """``torch.npu``, importing torch_npu first if the program has not."""
-    torch = sys.modules["torch"]
-    npu = getattr(torch, "npu", None)
-    if npu is None:
-        importlib.import_module("torch_npu")
-        npu = torch.npu
-    return npu
+__all__ = ["cuda_api_patches", "to_npu_function", "to_npu_memory_function"]
 
 
 def to_npu_function(
@@ -121,6 +115,8 @@ _FUNCTIONS: dict[str, tuple[str, tuple[Param, ...]]] = {
     "host_memory_stats_as_nested_dict": ("memory", ()),
     "reset_accumulated_host_memory_stats": ("memory", ()),
     "reset_peak_host_memory_stats": ("memory", ()),
+    "use_mem_pool": ("memory", _D1),
+    "change_current_allocator": ("memory", ()),
     # RNG
     "manual_seed": ("random", ()),
     "manual_seed_all": ("random", ()),
@@ -137,21 +133,22 @@ _FUNCTIONS: dict[str, tuple[str, tuple[Param, ...]]] = {
     "make_graphed_callables": ("graphs", ()),
 }
 
-# torch.cuda class -> (module defining it under torch.cuda, torch.npu class)
-_CLASSES: dict[str, tuple[str, str]] = {
-    "device": ("", "device"),
-    "device_of": ("", "device_of"),
-    "StreamContext": ("", "StreamContext"),
-    "Stream": ("streams", "Stream"),
-    "Event": ("streams", "Event"),
-    "ExternalStream": ("streams", "ExternalStream"),
-    "graph": ("graphs", "graph"),
-    "CUDAGraph": ("graphs", "NPUGraph"),
-    "MemPool": ("memory", "MemPool"),
+# torch.cuda class -> (module defining it under torch.cuda, torch.npu class, device
+# parameters). A class with device parameters is replaced by a stand-in rewriting them.
+_CLASSES: dict[str, tuple[str, str, tuple[Param, ...]]] = {
+    "device": ("", "device", _D0),
+    "device_of": ("", "device_of", ()),
+    "StreamContext": ("", "StreamContext", ()),
+    "Stream": ("streams", "Stream", _D0),
+    "Event": ("streams", "Event", ()),
+    "ExternalStream": ("streams", "ExternalStream", _D1),
+    "graph": ("graphs", "graph", ()),
+    "CUDAGraph": ("graphs", "NPUGraph", ()),
+    "MemPool": ("memory", "MemPool", ()),
     # Legacy tensor and storage types keep their dtype (transfer_to_npu turned
     # DoubleTensor into FloatTensor silently).
     **{
-        f"{dtype}{kind}": ("", f"{dtype}{kind}")
+        f"{dtype}{kind}": ("", f"{dtype}{kind}", ())
         for dtype in (
             "Bool",
             "Byte",
@@ -210,9 +207,19 @@ def _npu_class(npu_name: str) -> Callable[..., Any]:
     return has_it
 
 
-def _class_from_npu(npu_name: str) -> Callable[[Any], Any]:
+def _class_from_npu(name: str, npu_name: str, params: tuple[Param, ...]) -> Callable[[Any], Any]:
     def npu_class(original: Any) -> Any:
-        return getattr(npu_module(), npu_name)
+        cls = getattr(npu_module(), npu_name)
+        if not params:
+            return cls
+        from ._proxies import proxy_of
+
+        return proxy_of(
+            cls,
+            params,
+            module="torch.cuda",
+            doc=f"``torch.cuda.{name}``: builds ``torch.npu.{npu_name}``, CUDA devices moved to the NPU.",
+        )
 
     npu_class.__name__ = f"npu_{npu_name}"
     return npu_class
@@ -245,11 +252,12 @@ def cuda_api_patches(options: Any = None) -> Iterator[AtomicPatch]:
             runtime_check=always,
             precheck=npu_runtime_importable,
         )
-    for name, (module, npu_name) in _CLASSES.items():
+    for name, (module, npu_name, params) in _CLASSES.items():
         yield AtomicPatch(
             f"torch.cuda.{name}",
-            target_wrapper=_class_from_npu(npu_name),
+            target_wrapper=_class_from_npu(name, npu_name, params),
             aliases=_alias(module, name),
             precheck=_npu_class(npu_name),
             after_import="torch_npu",
         )
+    yield from nvtx_patches()

@@ -10,6 +10,11 @@
 * Under the NPU emulator (no ``torch_npu.profiler``), the emulated NPU is the CPU:
   ``torch.profiler.profile(activities=[CPU, CUDA])`` drops ``CUDA`` (the CPU activity
   records the emulated kernels), counted per call.
+* ``prof.export_memory_timeline(path, device="cuda:0")``: with torch_npu, the profile
+  class above passes torch_npu's method the NPU device (``transfer_to_npu`` rewrites
+  the method itself); under the emulator, whose NPU memory is host memory, a CUDA
+  device -- or none, which torch reads as ``cuda:0`` once ``torch.cuda.is_available()``
+  answers for the NPU -- becomes ``cpu``, counted per call.
 
 Importing this module imports neither torch nor torch_npu.
 """
@@ -25,6 +30,7 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
+from .devices import is_cuda_spec
 from .runtime import npu_runtime_importable
 
 
@@ -70,6 +76,24 @@ def _drop_cuda_activity(original: Callable[..., Any]) -> Callable[..., Any]:
     return profile_on_emulated_npu
 
 
+def _timeline_names_cuda(*args: Any, **kwargs: Any) -> bool:
+    """``runtime_check``: the timeline is asked for a CUDA device, or for none."""
+    spec = args[2] if len(args) > 2 else kwargs.get("device")
+    return spec is None or is_cuda_spec(spec)
+
+
+def _timeline_on_host(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def export_memory_timeline_of_emulated_npu(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 2:
+            args = (*args[:2], "cpu", *args[3:])
+        else:
+            kwargs = {**kwargs, "device": "cpu"}
+        return original(*args, **kwargs)
+
+    return export_memory_timeline_of_emulated_npu
+
+
 def profiler_patches(options: Any = None) -> Iterator[AtomicPatch]:
     """The patches of :class:`ascend_patch_torch.groups.Profiler`."""
     for name in ("profile", "schedule", "tensorboard_trace_handler", "ProfilerAction"):
@@ -86,4 +110,11 @@ def profiler_patches(options: Any = None) -> Iterator[AtomicPatch]:
         runtime_check=names_cuda_activity,
         precheck=_no_npu_profiler,
         name="torch.profiler.profile: CUDA activity on the emulated NPU",
+    )
+    yield AtomicPatch(
+        "torch.profiler.profiler._KinetoProfile.export_memory_timeline",
+        target_wrapper=_timeline_on_host,
+        runtime_check=_timeline_names_cuda,
+        precheck=_no_npu_profiler,
+        name="torch.profiler export_memory_timeline: CUDA device on the emulated NPU",
     )

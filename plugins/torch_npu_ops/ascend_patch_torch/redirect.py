@@ -39,6 +39,7 @@ from ._calls import device
 from .devices import NPU
 from .devices import is_cuda_spec
 from .devices import to_npu_spec
+from .runtime import npu_module
 from .runtime import npu_runtime_importable
 
 
@@ -122,6 +123,7 @@ _KEYWORD_FACTORIES = (
     "triu_indices",
     "zeros",
     "zeros_like",
+    "_cudnn_init_dropout_state",
     "_empty_affine_quantized",
     "_empty_per_channel_affine_quantized",
 )
@@ -274,20 +276,16 @@ def device_context_patches(options: Any = None) -> Iterator[AtomicPatch]:
 
 
 def _proxy_of(original: Any) -> Any:
-    from ._proxies import proxy_of
+    from ._proxies import torch_proxy_of
 
-    return proxy_of(original)
+    return torch_proxy_of(original)
 
 
 def _default_generators(original: Any) -> Any:
-    from .cuda_api import npu_module
-
     return npu_module().default_generators
 
 
 def _npu_has_default_generators() -> bool:
-    from .cuda_api import npu_module
-
     return npu_runtime_importable() and hasattr(npu_module(), "default_generators")
 
 

@@ -21,6 +21,7 @@ from ascend_patch_core import ModuleHook
 
 __all__ = [
     "import_npu_runtime",
+    "npu_module",
     "npu_runtime_importable",
     "npu_runtime_patches",
 ]
@@ -61,3 +62,13 @@ def import_npu_runtime(module: Any) -> list[AtomicPatch]:
 def npu_runtime_patches(options: Any = None) -> Iterator[ModuleHook]:
     """The patches of :class:`ascend_patch_torch.groups.NpuRuntime`."""
     yield ModuleHook("torch", import_npu_runtime, name="import torch_npu after torch")
+
+
+def npu_module() -> Any:
+    """``torch.npu``, importing torch_npu first if the program has not."""
+    torch = sys.modules["torch"]
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        importlib.import_module("torch_npu")
+        npu = torch.npu
+    return npu

@@ -243,7 +243,7 @@ def test_cuda_random_and_memory_submodules_are_aliases(redirect, calls):
     assert calls("torch.cuda.empty_cache") == (1, 0)
 
 
-def test_streams_and_events_are_the_npu_classes(redirect):
+def test_streams_and_events_are_npu_streams_and_events(redirect):
     stream = torch.cuda.Stream()
     assert isinstance(stream, torch.npu.Stream)
     assert isinstance(stream, torch.cuda.Stream)
@@ -254,7 +254,9 @@ def test_streams_and_events_are_the_npu_classes(redirect):
     event.record()
     event.synchronize()
     assert x.tolist() == [2.0, 2.0]
-    assert torch.cuda.streams.Stream is torch.npu.Stream
+    assert type(stream) is torch.npu.Stream  # torch.cuda.Stream builds the NPU class
+    assert torch.cuda.streams.Stream is torch.cuda.Stream
+    assert torch.cuda.Event is torch.cuda.streams.Event is torch.npu.Event
     with torch.cuda.device(0):
         assert torch.cuda.current_device() == 0
 
