@@ -181,6 +181,8 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
     from . import _library
     from . import _modules
     from . import _runtime
+    from . import _runtime_graphs
+    from . import _runtime_streams
 
     undos: list[Callable[[], None]] = []
     try:
@@ -193,6 +195,8 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
             _device.npu_module(),
         )
         _runtime.state.reset(version=version, device_count=device_count)
+        _runtime_streams.reset()
+        _runtime_graphs.reset()
         undos.append(_device.install(package.modules["torch_npu.npu"]))
 
         def off() -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from . import _runtime
+from . import _runtime_types
 from ._modules import clear
 
 
@@ -417,6 +418,8 @@ def install(npu: types.ModuleType) -> Undo:
     undos.append(_patch_autocast())
     undos.append(_patch_autocast_queries())
     undos.append(_patch_generator())
+    undos.append(_runtime_types.patch_tensor_type())
+    undos.append(_runtime_types.register_storage_classes())
     # torch_npu.npu.default_generators: one per device; every emulated device draws from the CPU's.
     npu.default_generators = (torch.random.default_generator,) * _runtime.state.device_count  # type: ignore[attr-defined]
 

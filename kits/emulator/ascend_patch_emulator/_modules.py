@@ -134,7 +134,7 @@ def clear(module: types.ModuleType) -> None:
 def _fill(module: types.ModuleType, names: Sequence[str]) -> None:
     clear(module)
     for name in names:
-        setattr(module, name, getattr(_runtime, name))
+        setattr(module, name, _runtime.export(name))
     module.__all__ = [n for n in names if not n.startswith("_")]  # type: ignore[attr-defined]
 
 

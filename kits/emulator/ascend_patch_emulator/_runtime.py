@@ -7,8 +7,10 @@ follow ``torch_npu.npu``; values say "emulated" wherever a string is returned.
 Imported only by :func:`ascend_patch_emulator.activate`, so importing torch here is fine.
 
 The shared state is in :mod:`._runtime_state`, streams and events in
-:mod:`._runtime_streams`, the memory API in :mod:`._runtime_memory`; devices, random
-numbers, amp and the export tables are here.
+:mod:`._runtime_streams`, graphs in :mod:`._runtime_graphs` and
+:mod:`._runtime_graphed`, the memory API in :mod:`._runtime_memory`, the legacy
+``*Tensor``/``*Storage`` types in :mod:`._runtime_types`; devices, random numbers,
+amp, ``mstx`` and the export tables are here.
 """
 
 from __future__ import annotations
@@ -21,27 +23,17 @@ from typing import NamedTuple
 import torch
 
 from . import _runtime_memory
+from . import _runtime_types
 
-# _modules fills torch.npu from this module by the names in the export tables below,
-# so the names defined by the sibling modules are bound here too.
-from ._runtime_memory import _dump_snapshot as _dump_snapshot
-from ._runtime_memory import _record_memory_history as _record_memory_history
-from ._runtime_memory import _snapshot as _snapshot
-from ._runtime_memory import empty_cache as empty_cache
-from ._runtime_memory import max_memory_allocated as max_memory_allocated
-from ._runtime_memory import max_memory_cached as max_memory_cached
-from ._runtime_memory import max_memory_reserved as max_memory_reserved
-from ._runtime_memory import mem_get_info as mem_get_info
-from ._runtime_memory import memory_allocated as memory_allocated
-from ._runtime_memory import memory_cached as memory_cached
-from ._runtime_memory import memory_reserved as memory_reserved
-from ._runtime_memory import memory_stats as memory_stats
-from ._runtime_memory import memory_summary as memory_summary
-from ._runtime_memory import reset_accumulated_memory_stats as reset_accumulated_memory_stats
-from ._runtime_memory import reset_max_memory_allocated as reset_max_memory_allocated
-from ._runtime_memory import reset_max_memory_cached as reset_max_memory_cached
-from ._runtime_memory import reset_peak_memory_stats as reset_peak_memory_stats
-from ._runtime_memory import set_per_process_memory_fraction as set_per_process_memory_fraction
+# _modules fills torch.npu from this module by the names in the export tables below
+# (see export()), so the names defined by the sibling modules are bound here too.
+from ._runtime_graphed import make_graphed_callables as make_graphed_callables
+from ._runtime_graphs import NPUGraph as NPUGraph
+from ._runtime_graphs import graph as graph
+from ._runtime_graphs import graph_pool_handle as graph_pool_handle
+from ._runtime_graphs import is_current_stream_capturing as is_current_stream_capturing
+from ._runtime_graphs import not_while_capturing
+from ._runtime_mstx import mstx as mstx
 from ._runtime_state import config as config
 from ._runtime_state import conv as conv
 from ._runtime_state import device_index
@@ -49,7 +41,9 @@ from ._runtime_state import host_memory
 from ._runtime_state import matmul as matmul
 from ._runtime_state import state
 from ._runtime_streams import Event
+from ._runtime_streams import ExternalStream as ExternalStream
 from ._runtime_streams import Stream
+from ._runtime_streams import StreamContext as StreamContext
 from ._runtime_streams import current_stream as current_stream
 from ._runtime_streams import default_stream as default_stream
 from ._runtime_streams import set_stream as set_stream
@@ -64,6 +58,7 @@ __all__ = [
     "UTILS_EXPORTS",
     "Event",
     "Stream",
+    "export",
     "state",
 ]
 
@@ -88,8 +83,42 @@ def set_device(device: Any) -> None:
 
 
 def synchronize(device: Any = None) -> None:
-    """Nothing is asynchronous on the emulated device."""
+    """Nothing is asynchronous on the emulated device (but a capture cannot synchronize)."""
     device_index(device)
+    not_while_capturing("torch.npu.synchronize()")
+
+
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Every emulated device is the host: each can reach every other one (not itself, as CUDA)."""
+    return device_index(device) != device_index(peer_device)
+
+
+def ipc_collect() -> None:
+    """No inter-process device memory to collect."""
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """Remembered only: nothing synchronizes on the emulated device."""
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError(
+                "invalid value of debug_mode, expected one of `default`, `warn`, `error`"
+            )
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    state.options["sync_debug_mode"] = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    mode: int = state.options.get("sync_debug_mode", 0)
+    return mode
+
+
+def current_blas_handle() -> int:
+    """No BLAS handle: CPU kernels do the work (0, a null handle)."""
+    return 0
 
 
 def is_initialized() -> bool:
@@ -137,11 +166,6 @@ def get_device_properties(device: Any = None) -> _DeviceProperties:
 
 def is_bf16_supported() -> bool:
     return True
-
-
-def is_current_stream_capturing() -> bool:
-    """No graph capture under the emulator."""
-    return False
 
 
 def get_amp_supported_dtype() -> list[Any]:
@@ -284,60 +308,61 @@ def get_autocast_dtype() -> Any:
 
 NPU_EXPORTS = (
     "Event",
+    "ExternalStream",
+    "NPUGraph",
     "Stream",
+    "StreamContext",
     "_is_in_bad_fork",
     "_lazy_call",
     "_lazy_init",
+    "can_device_access_peer",
     "config",
     "conv",
+    "current_blas_handle",
     "current_device",
     "current_stream",
     "default_stream",
     "device",
     "device_count",
     "device_of",
-    "empty_cache",
     "get_amp_supported_dtype",
+    "get_sync_debug_mode",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
     "get_rng_state",
     "get_rng_state_all",
+    "graph",
+    "graph_pool_handle",
     "init",
     "initial_seed",
     "is_available",
     "is_bf16_supported",
     "is_current_stream_capturing",
     "is_initialized",
+    "ipc_collect",
     "is_jit_compile_false",
+    "make_graphed_callables",
     "manual_seed",
     "manual_seed_all",
     "matmul",
-    "max_memory_allocated",
-    "max_memory_cached",
-    "max_memory_reserved",
-    "mem_get_info",
-    "memory_allocated",
-    "memory_cached",
-    "memory_reserved",
-    "memory_stats",
-    "memory_summary",
-    "reset_accumulated_memory_stats",
-    "reset_max_memory_allocated",
-    "reset_max_memory_cached",
-    "reset_peak_memory_stats",
+    "mstx",
     "seed",
     "seed_all",
     "set_compile_mode",
     "set_device",
     "set_option",
-    "set_per_process_memory_fraction",
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
+    "set_sync_debug_mode",
     "stream",
     "synchronize",
     "utilization",
+    # torch.npu.memory's public names are torch.npu's too, as in torch_npu.
+    *(name for name in _runtime_memory.__all__ if not name.startswith("_")),
+    *_runtime_types.TENSOR_TYPES,
+    *_runtime_types.STORAGE_TYPES,
 )
 
 AMP_EXPORTS = (
@@ -353,3 +378,13 @@ AMP_EXPORTS = (
 MEMORY_EXPORTS = tuple(_runtime_memory.__all__)
 
 UTILS_EXPORTS = ("get_cann_version", "is_jit_compile_false", "set_compile_mode")
+
+
+def export(name: str) -> Any:
+    """The object ``torch.npu.<name>`` (or a submodule's) is: defined here or in a sibling."""
+    for table in (_runtime_types.TENSOR_TYPES, _runtime_types.STORAGE_TYPES):
+        if name in table:
+            return table[name]
+    if name in _runtime_memory.__all__:
+        return getattr(_runtime_memory, name)
+    return globals()[name]
