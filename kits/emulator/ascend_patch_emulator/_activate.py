@@ -182,6 +182,7 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
     from . import _modules
     from . import _runtime
     from . import _runtime_graphs
+    from . import _runtime_memory
     from . import _runtime_streams
 
     undos: list[Callable[[], None]] = []
@@ -197,6 +198,7 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
         _runtime.state.reset(version=version, device_count=device_count)
         _runtime_streams.reset()
         _runtime_graphs.reset()
+        _runtime_memory.reset_state()
         undos.append(_device.install(package.modules["torch_npu.npu"]))
 
         def off() -> None:

@@ -360,7 +360,7 @@ NPU_EXPORTS = (
     "synchronize",
     "utilization",
     # torch.npu.memory's public names are torch.npu's too, as in torch_npu.
-    *(name for name in _runtime_memory.__all__ if not name.startswith("_")),
+    *(name for name in _runtime_memory.__all__ if not name.startswith(("_", "reset_state"))),
     *_runtime_types.TENSOR_TYPES,
     *_runtime_types.STORAGE_TYPES,
 )
@@ -375,7 +375,7 @@ AMP_EXPORTS = (
 )
 
 #: torch.npu.memory: what _runtime_memory defines (and this module re-binds).
-MEMORY_EXPORTS = tuple(_runtime_memory.__all__)
+MEMORY_EXPORTS = tuple(name for name in _runtime_memory.__all__ if name != "reset_state")
 
 UTILS_EXPORTS = ("get_cann_version", "is_jit_compile_false", "set_compile_mode")
 
@@ -385,6 +385,6 @@ def export(name: str) -> Any:
     for table in (_runtime_types.TENSOR_TYPES, _runtime_types.STORAGE_TYPES):
         if name in table:
             return table[name]
-    if name in _runtime_memory.__all__:
+    if name in MEMORY_EXPORTS:
         return getattr(_runtime_memory, name)
     return globals()[name]

@@ -67,6 +67,9 @@ _UNDEFINED_CONTENTS = {
     _aten.empty_like.default,
 }
 
+#: Ops that write arguments their schema does not mark (running statistics), by position.
+_UNDECLARED_WRITES = {_aten.native_batch_norm.default: (3, 4)}
+
 _pool_ids = itertools.count(1)
 _capturing = threading.local()
 
@@ -117,6 +120,7 @@ def _written_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
             written.append(kwargs.get(argument.name))
         else:
             written.append(args[position])
+    written.extend(args[i] for i in _UNDECLARED_WRITES.get(func, ()) if i < len(args))
     return written
 
 

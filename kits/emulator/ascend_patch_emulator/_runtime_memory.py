@@ -29,6 +29,7 @@ from ._runtime_state import state
 __all__ = [
     "MemPool",
     "NPUPluggableAllocator",
+    "_NPUAllocator",
     "_dump_snapshot",
     "_get_current_allocator",
     "_record_memory_history",
@@ -60,6 +61,7 @@ __all__ = [
     "reset_max_memory_cached",
     "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
+    "reset_state",
     "set_per_process_memory_fraction",
     "use_mem_pool",
 ]
@@ -329,3 +331,11 @@ def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     """Pickle :func:`_snapshot` to ``filename``, as ``torch.cuda.memory._dump_snapshot`` does."""
     with open(filename, "wb") as file:
         pickle.dump(_snapshot(), file)
+
+
+def reset_state() -> None:
+    """Forget what a previous activation set: fractions, raw blocks, the current allocator."""
+    global _current_allocator
+    _fractions.clear()
+    _raw_blocks.clear()
+    _current_allocator = _NPUAllocator("native")
