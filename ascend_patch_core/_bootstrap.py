@@ -33,6 +33,7 @@ from ._hub import remove_finder
 __all__ = [
     "ENV_VAR",
     "PTH_NAME",
+    "PTH_TEXT",
     "RUN_REPORT_SCHEMA",
     "RunOptions",
     "StartError",
@@ -46,6 +47,14 @@ __all__ = [
 ENV_VAR = "ASCEND_PATCH_RUN"
 #: The file the core distribution installs into site-packages.
 PTH_NAME = "ascend_patch_core_start.pth"
+#: Its exact text, as the wheel installs it (start_hook/ascend_patch_core_start.pth in the
+#: source tree; a test keeps the two equal). Kept here because the installed package does
+#: not carry a second copy of the file, and doctor compares the installed hook with this.
+PTH_TEXT = (
+    "# ascend-patch start hook (docs/cli.md): does nothing unless `ascend-patch run` set ASCEND_PATCH_RUN.\n"
+    'import os; os.environ.get("ASCEND_PATCH_RUN") and '
+    '__import__("ascend_patch_core._bootstrap", fromlist=["_"]).start_from_pth()\n'
+)
 #: Schema of the file ``ascend-patch run --report PATH`` writes (docs/cli.md).
 RUN_REPORT_SCHEMA = "ascend-patch-run/1"
 #: Where the NPU emulator (ascend-patch-emulator) publishes its ``activate``.

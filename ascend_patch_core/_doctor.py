@@ -20,6 +20,7 @@ from typing import TextIO
 
 from . import _npu_stack
 from ._bootstrap import PTH_NAME
+from ._bootstrap import PTH_TEXT
 from ._declarations import DeclaredPatch
 from ._declarations import Inventory
 from ._declarations import PluginInfo
@@ -44,7 +45,7 @@ def _core_info(meta: MetadataCache) -> dict[str, Any]:
     return {
         "version": meta.version("ascend-patch-core"),
         "path": package_dir,
-        "start_hook": _start_hook(package_dir),
+        "start_hook": _start_hook(),
         # The kits are separate distributions: say which are here.
         "emulator": meta.version("ascend-patch-emulator"),
         "training": meta.version("ascend-patch-training"),
@@ -64,14 +65,13 @@ def _site_dirs() -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-def _start_hook(package_dir: str) -> dict[str, Any]:
-    packaged = os.path.join(package_dir, PTH_NAME)
+def _start_hook() -> dict[str, Any]:
     for directory in _site_dirs():
         path = os.path.join(directory, PTH_NAME)
         if os.path.isfile(path):
             try:
-                with open(path, "rb") as installed, open(packaged, "rb") as shipped:
-                    current: bool | None = installed.read() == shipped.read()
+                with open(path, "rb") as installed:
+                    current: bool | None = installed.read() == PTH_TEXT.encode("utf-8")
             except OSError:
                 current = None
             return {"installed": True, "path": path, "current": current}

@@ -9,6 +9,8 @@ users; every module a test imported from its temporary directory is removed from
 from __future__ import annotations
 
 import itertools
+import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -109,3 +111,35 @@ def _no_hub_leak() -> Iterator[None]:
         pytest.fail(
             f"the test left import-hub state behind: watches/patterns/served changed ({hub!r})"
         )
+
+
+#: Set by the nox session ``core_pythons``: the core's tests on the oldest and newest
+#: supported Pythons, where this machine has no CPU build of torch (an unpinned or
+#: non-cp311 torch is a multi-GB CUDA download). Tests that need torch are then left out:
+#: modules that import it (or the emulator kit) at the top, and tests marked ``torch``.
+#: Everywhere else they run.
+WITHOUT_TORCH = os.environ.get("ASCEND_PATCH_TEST_WITHOUT_TORCH") == "1"
+_TOP_LEVEL_TORCH_IMPORT = re.compile(
+    r"^(?:import|from) (?:torch|ascend_patch_emulator)\b", re.MULTILINE
+)
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    if not WITHOUT_TORCH:
+        return None
+    if collection_path.name == "emulator" and collection_path.is_dir():
+        return True  # the emulator kit's tests: torch everywhere
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return bool(_TOP_LEVEL_TORCH_IMPORT.search(collection_path.read_text(encoding="utf-8")))
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not WITHOUT_TORCH:
+        return
+    skip = pytest.mark.skip(reason="needs torch; this session (core_pythons) runs without it")
+    for item in items:
+        # The emulator kit's fixtures (npu_emulator, ...) need torch as well.
+        uses_emulator = any(f.startswith("npu_") for f in getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("torch") or uses_emulator:
+            item.add_marker(skip)

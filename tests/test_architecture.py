@@ -431,6 +431,7 @@ def test_modules_and_classes_stay_small() -> None:
 # ----------------------------------------------------------------------------- at run time
 
 
+@pytest.mark.torch
 def test_importing_the_engine_loads_no_kit_and_no_plugin(tmp_path: Path) -> None:
     """`import ascend_patch_core` (and its public ascend_patch_core.imports) puts no kit or plugin package in sys.modules."""
     installed = [

@@ -331,6 +331,7 @@ def _fake_stack(tmp_path: Path, site: Path, *, libs: bool) -> dict[str, str]:
     return env
 
 
+@pytest.mark.torch
 def test_the_npu_stack(tmp_path: Path, site: Path) -> None:
     """torch_npu/torch pairing, import prediction, torch's autoload trap, CANN version and npu-smi devices."""
     env = _fake_stack(tmp_path, site, libs=False)
@@ -427,6 +428,7 @@ def test_cann_on_disk_without_its_environment(tmp_path: Path, site: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_try_import_really_imports(tmp_path: Path, site: Path) -> None:
     """--try-import imports torch and torch_npu in a child: here torch's autoload of the fake torch_npu fails, and says so."""
     env = _fake_stack(tmp_path, site, libs=True)

@@ -474,8 +474,7 @@ def _site_packages() -> list[Path]:
 
 
 def test_the_start_hook_is_installed_in_this_environment() -> None:
-    """The (editable) install put ascend_patch_core_start.pth into site-packages, identical to the packaged one."""
-    packaged = Path(_bootstrap.__file__).with_name(_bootstrap.PTH_NAME)
+    """The (editable) install put ascend_patch_core_start.pth into site-packages, with the text the core expects."""
     installed = [
         d / _bootstrap.PTH_NAME for d in _site_packages() if (d / _bootstrap.PTH_NAME).exists()
     ]
@@ -484,8 +483,17 @@ def test_the_start_hook_is_installed_in_this_environment() -> None:
         f"{_bootstrap.PTH_NAME} is not in {sys.prefix}'s site-packages: reinstall the project "
         "(python3 dev.py test reinstalls it; the build backend adds the hook)"
     )
-    assert installed[0].read_bytes() == packaged.read_bytes()
-    assert _bootstrap.ENV_VAR in packaged.read_text()
+    assert installed[0].read_text() == _bootstrap.PTH_TEXT
+    assert len(installed) == 1
+    # The installed package carries no second copy: the hook lives at the wheel root only.
+    assert not Path(_bootstrap.__file__).with_name(_bootstrap.PTH_NAME).exists()
+
+
+def test_the_start_hook_source_file_is_the_text_the_core_expects() -> None:
+    """start_hook/ascend_patch_core_start.pth (what the wheel installs) equals _bootstrap.PTH_TEXT."""
+    source = Path(__file__).resolve().parent.parent / "start_hook" / _bootstrap.PTH_NAME
+    assert source.read_text() == _bootstrap.PTH_TEXT
+    assert _bootstrap.ENV_VAR in _bootstrap.PTH_TEXT
 
 
 def test_the_hook_does_nothing_without_the_variable(tmp_path: Path, site: Path) -> None:

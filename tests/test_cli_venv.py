@@ -166,7 +166,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
     _run([base_python, "-m", "venv", str(root / "venv")])
     env = Venv(root)
     pip = [str(env.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    _run([*pip, "pluggy", "packaging", "setuptools>=61,<81", "wheel"])
+    _run([*pip, "-r", str(REPO / "requirements" / "venv-tests.txt")])
 
     # Build the core's wheel from a copy, so the build leaves nothing in the working tree.
     source = root / "core-src"
@@ -183,7 +183,6 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
             "tests",
             "benchmarks",
             "examples",
-            "docs",
         ),
     )
     _run(

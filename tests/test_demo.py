@@ -10,6 +10,7 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_main_demo_runs_and_reaches_the_reference_losses() -> None:
     """examples/demo.py exits 0; the emulated run of the CUDA loop matches the CPU reference."""
     demo = Path(__file__).resolve().parent.parent / "examples" / "demo.py"

@@ -120,6 +120,7 @@ def test_profiling_and_brake_are_validated_and_reported_not_ignored(patcher: Pat
     assert all(r.status in (Status.PENDING, Status.APPLIED) for r in settings.values())
 
 
+@pytest.mark.torch
 def test_allow_internal_format_waits_for_torch_npu_and_reverts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -3,9 +3,9 @@ a third-party plugin distribution installed by pip, ``ascend_patch_core.apply()`
 them all, applies the third-party patch with its provenance, and obeys every switch.
 
 The venv is built once per module from the base interpreter (isolated from the test
-environment): pip installs pluggy, packaging, setuptools and wheel from the configured
-index, then the repository's projects in editable mode and the third-party plugin as a
-regular (built) install.
+environment): pip installs requirements/venv-tests.txt (the core's dependencies and the
+build backends) from the configured index, then the repository's projects in editable
+mode and the third-party plugin as a regular (built) install.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         (third_party / name).write_text(textwrap.dedent(text))
 
     pip = [str(python), "-m", "pip", "install", "--quiet"]
-    _run([*pip, "pluggy", "packaging", "setuptools>=61,<81", "wheel"])
+    _run([*pip, "-r", str(REPO / "requirements" / "venv-tests.txt")])
     editables = [
         arg
         for project in ("", "plugins/torch_npu_ops", "plugins/mmcv_npu", "plugins/transformers_npu")

@@ -43,6 +43,7 @@ def test_precheck_of_a_slot_to_be_created_sees_original_none(
     assert core.REG == {}
 
 
+@pytest.mark.torch
 def test_torch_npu_requirement_uses_the_emulated_version(make_package, npu_emulator) -> None:
     """Under the emulator, requires='torch-npu>=2.6' is judged against the emulated version, not 'not installed'."""
     pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
