@@ -12,6 +12,7 @@ import ascend_patch_emulator as emulator
 import pytest
 import torch
 
+
 # torch_npu 2.13's torch.npu.__all__: every *Tensor / *Storage, with the dtype torch_npu gives it.
 DTYPES = {
     "Bool": torch.bool,
@@ -63,7 +64,7 @@ def test_isinstance_matches_dtype_only(npu_emulator, prefix):
 def test_types_cannot_be_subclassed_and_carry_tensor_methods(npu_emulator):
     with pytest.raises(TypeError, match="not an acceptable base type"):
 
-        class Sub(torch.npu.FloatTensor):  # noqa: F841 (defining it is the test)
+        class Sub(torch.npu.FloatTensor):
             pass
 
     assert torch.npu.FloatTensor.add is torch.Tensor.add
@@ -108,8 +109,8 @@ def test_storage_types(npu_emulator, prefix):
 
 def test_mmengine_union_of_types_and_isinstance(npu_emulator):
     # mmengine 0.10.7 structures/instance_data.py at import, when the NPU is available.
-    bool_type = Union[torch.BoolTensor, torch.npu.BoolTensor]
-    long_type = Union[torch.LongTensor, torch.npu.LongTensor]
+    bool_type = Union[torch.BoolTensor, torch.npu.BoolTensor]  # noqa: UP007 (mmengine's spelling)
+    long_type = Union[torch.LongTensor, torch.npu.LongTensor]  # noqa: UP007
     mask = torch.tensor([True, False], device="npu")
     index = torch.tensor([0, 1], device="npu")
     assert isinstance(mask, bool_type.__args__) and isinstance(index, long_type.__args__)

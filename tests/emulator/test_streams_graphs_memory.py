@@ -169,9 +169,11 @@ def test_graph_rules_of_torch_npu(npu_emulator):
         graph.update([{}])
     x = torch.ones(3, device="npu")
     for host_read in (lambda: x.sum().item(), lambda: bool(x.any()), torch.npu.synchronize):
-        with pytest.raises(RuntimeError, match="during NPU graph capture"):
-            with torch.npu.graph(torch.npu.NPUGraph()):
-                host_read()
+        with (
+            pytest.raises(RuntimeError, match="during NPU graph capture"),
+            torch.npu.graph(torch.npu.NPUGraph()),
+        ):
+            host_read()
     assert not torch.npu.is_current_stream_capturing()
     assert torch.npu.current_stream() == torch.npu.default_stream()
 
@@ -236,9 +238,8 @@ def test_make_graphed_callables_checks_what_torch_checks(npu_emulator):
     hooked.register_forward_hook(lambda *a: None)
     with pytest.raises(AssertionError, match="must not have hooks"):
         torch.npu.make_graphed_callables(hooked, (torch.ones(1, 2),))
-    with torch.autocast("npu"):
-        with pytest.raises(RuntimeError, match="autocast caching"):
-            torch.npu.make_graphed_callables(torch.nn.Linear(2, 2), (torch.ones(1, 2),))
+    with torch.autocast("npu"), pytest.raises(RuntimeError, match="autocast caching"):
+        torch.npu.make_graphed_callables(torch.nn.Linear(2, 2), (torch.ones(1, 2),))
 
 
 # --------------------------------------------------------------------------- memory
@@ -254,9 +255,8 @@ def test_mem_pool_and_use_mem_pool(npu_emulator):
         torch.zeros(10, device="npu")
     assert pool.use_count() == 1
     assert pool.snapshot() == [] and torch.npu.memory_snapshot() == []
-    with pytest.raises(TypeError, match="MemPool"):
-        with torch.npu.use_mem_pool(pool.id):
-            pass
+    with pytest.raises(TypeError, match="MemPool"), torch.npu.use_mem_pool(pool.id):
+        pass
     assert torch.npu.memory.MemPool is torch.npu.MemPool
 
 
