@@ -24,6 +24,7 @@ from ._target import Missing
 from ._target import Waiting
 from ._target import adapt_to_descriptor
 from ._target import candidate_modules
+from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
 from ._target import settle_initializing
@@ -43,12 +44,21 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
     settle_initializing(site.path)
     found = resolve(site.path, create=entry.patch.create)
     aliases = entry.record.aliases
-    if isinstance(found, Waiting):
-        aliases[path] = f"pending: waiting for import of {found.module}"
+    # A package re-exporting the target (``torch.load`` from ``torch.serialization``)
+    # is still running its __init__ when the target's module is imported from there:
+    # the name comes later in that body, so look again when the package is done.
+    unfinished = initializing_prefixes(site.path) if isinstance(found, Missing) else []
+    if isinstance(found, Waiting) or unfinished:
+        if isinstance(found, Waiting):
+            modules = candidate_modules(site.path, found.module)
+            aliases[path] = f"pending: waiting for import of {found.module}"
+        else:
+            modules = unfinished
+            aliases[path] = f"pending: waiting for import of {unfinished[-1]}"
         with installer.ledger.lock:
             if entry.status is not APPLIED:
                 return
-            for candidate in candidate_modules(site.path, found.module):
+            for candidate in modules:
                 key = f"alias:{path}:{candidate}"
                 if entry.watching is None or key not in entry.watching:
                     callback = functools.partial(_alias_imported, installer, entry, site, key)
@@ -76,6 +86,10 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
             new_inner = entry.new_inner
         else:
             new_inner = build_replacement(entry.patch, original, entry.record.counters)[1]
+            if installer.count_calls and entry.patch.runtime_check is None:
+                from ._counting import counted
+
+                new_inner = counted(new_inner, entry.record)
         new_raw = adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
         modules_before = module_ids()
         found.install(new_raw)

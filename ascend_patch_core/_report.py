@@ -307,13 +307,21 @@ class Report:
 
     def get(self, name: str, kind: str | None = None) -> Record:
         """Return the record whose name or target is ``name``: a patch (its name or
-        target), a rule (its module), a plugin (its entry-point name)."""
+        target), a rule (its module), a plugin (its entry-point name).
+
+        A patch's record is named by its target in the module that defines it
+        (``torch.serialization.load``); the public names it was also installed under
+        (``torch.load``) are its ``aliases`` and find it too.
+        """
         records = [r for r in self.records if kind is None or r.kind == kind]
         for record in records:
             if record.name == name:
                 return record
         for record in records:
             if record.target == name:
+                return record
+        for record in records:
+            if name in getattr(record, "_aliases", ()):  # without making an empty dict
                 return record
         raise KeyError(name)
 
@@ -323,16 +331,17 @@ class Report:
         return not self.by_status(Status.FAILED)
 
     def counts(self) -> dict[str, int]:
-        result = {status.value: 0 for status in Status}
-        for record in self.records:
-            result[record.status.value] += 1
-        return result
+        """Records by status: every record, shown in the table or not."""
+        return _counts(self.records)
 
     def to_dict(self) -> dict[str, Any]:
+        # One snapshot: the counts are those of exactly the records listed, even while
+        # imports in other threads turn pending patches applied.
+        records = self.records
         return {
             "schema": "ascend-patch-report/1",
-            "counts": self.counts(),
-            "records": [r.as_dict() for r in self.records],
+            "counts": _counts(records),
+            "records": [r.as_dict() for r in records],
             "warnings": self.warnings,
         }
 
@@ -342,12 +351,22 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
 
     def table(self, *, verbose: bool = False) -> str:
-        """A compact fixed-width table, one line per record, grouped by kind."""
-        rows = [
-            r for r in self.records if verbose or r.kind != "plugin" or r.status is Status.FAILED
-        ]
+        """A compact fixed-width table, one line per record, grouped by kind.
+
+        The first line counts every record; records not listed (healthy plugins,
+        unless ``verbose``) are counted there and said to be hidden, so the summary
+        and the rows always add up.
+        """
+        records = self.records
+        rows = [r for r in records if verbose or not _hidden_by_default(r)]
         lines: list[str] = []
-        counts = ", ".join(f"{n} {s}" for s, n in self.counts().items() if n)
+        counts = ", ".join(f"{n} {s}" for s, n in _counts(records).items() if n)
+        hidden = len(records) - len(rows)
+        if hidden:
+            counts += (
+                f" ({hidden} plugin record{'s' if hidden != 1 else ''} not listed:"
+                " -v or table(verbose=True) lists them)"
+            )
         lines.append(f"ascend-patch: {counts or 'nothing registered'}")
         if rows:
             width = min(max(len(r.target) for r in rows), 72)
@@ -380,3 +399,15 @@ class Report:
     def __repr__(self) -> str:
         counts = ", ".join(f"{s}={n}" for s, n in self.counts().items() if n)
         return f"<Report {counts}>"
+
+
+def _counts(records: list[Record]) -> dict[str, int]:
+    result = {status.value: 0 for status in Status}
+    for record in records:
+        result[record.status.value] += 1
+    return result
+
+
+def _hidden_by_default(record: Record) -> bool:
+    """Rows the short table leaves out: plugins that loaded or were left out on purpose."""
+    return record.kind == "plugin" and record.status is not Status.FAILED
