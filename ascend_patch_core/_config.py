@@ -10,8 +10,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
 
+from ._entries import Ledger
 from ._entries import label
+from ._env_flags import env_flag
 from ._errors import PatchConflictError
+from ._errors import PatchDefinitionError
 from ._errors import PatchError
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
@@ -20,7 +23,9 @@ from ._patch import Patch
 from ._patch import is_import_rule
 from ._plan import Declared
 from ._plan import conflicting_groups
+from ._plan import known_names
 from ._registry import PluginSelection
+from ._registry import unknown_names
 from ._report import USER
 
 
@@ -68,6 +73,14 @@ class PatcherConfig:
         self.enabled: set[str] = set()
         #: Settings by name, for their providers (see _settings).
         self.settings: dict[str, Any] = {}
+        #: Patcher(count_calls=...); None: as ASCEND_PATCH_COUNT_CALLS says.
+        self.count_calls: bool | None = None
+
+    def counting(self) -> bool:
+        """Whether apply() counts the calls of patches without a runtime_check."""
+        if self.count_calls is not None:
+            return self.count_calls
+        return env_flag("ASCEND_PATCH_COUNT_CALLS", False)
 
     def sort(
         self, items: Iterable[Any], options: Any, warn: Any
@@ -145,3 +158,28 @@ class PatcherConfig:
 
         provider_for(name, f"Patcher.{asked_by}").check(name, value)
         self.settings[name] = value
+
+    def check_unknown_names(
+        self,
+        env_enabled: frozenset[str],
+        ledger: Ledger,
+        groups: dict[str, Any],
+        plugin_names: set[str],
+        strict: bool,
+    ) -> None:
+        """Warn about (strict: raise on) names in disable()/enable()/ASCEND_PATCH_ENABLE
+        that match no patch, group, hook or plugin."""
+        switches = (
+            ("disable()", self.disabled),
+            ("enable()", self.enabled),
+            ("ASCEND_PATCH_ENABLE", env_enabled),
+        )
+        if not any(names for _, names in switches):
+            return
+        known = known_names(ledger, (g for g, _ in groups.values()), plugin_names)
+        for switch, names in switches:
+            for name in unknown_names(names, known):
+                message = f"{switch} names {name!r}, which matches no patch, group, hook or plugin"
+                if strict:
+                    raise PatchDefinitionError(f"ascend-patch (strict): {message}")
+                ledger.warn(message)

@@ -19,6 +19,7 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+from ._errors import PatchError
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
@@ -338,6 +339,7 @@ class Ledger:
     """Records, warnings and entries of one patcher, with their indexes."""
 
     __slots__ = (
+        "_reverted_upto",
         "by_target",
         "entries",
         "hooks",
@@ -357,6 +359,8 @@ class Ledger:
         self.legacy: list[LegacyState] = []
         #: First live entry per normalized target or alias path.
         self.by_target: dict[str, Entry] = {}
+        #: (records, warnings) that belong to the last revert()'s report; None while applied.
+        self._reverted_upto: tuple[int, int] | None = None
 
     def warn(self, message: str) -> None:
         with self.lock:
@@ -379,9 +383,38 @@ class Ledger:
             self.by_target = {}
         return entries, hooks, legacy
 
-    def take_report(self) -> tuple[list[Record], list[str]]:
-        """Hand the records and warnings over (revert) and start empty ones."""
+    def raise_if_failed(self) -> None:
+        """Strict mode: PatchError naming every failed record, if there is one.
+
+        Reads the records, not a Report: reading a report runs the stale-reference
+        scan, which waits until someone reads it.
+        """
         with self.lock:
-            records, self.records = self.records, []
-            warnings, self.warnings = self.warnings, []
-        return records, warnings
+            failed = [r for r in self.records if r.status is FAILED]
+        if failed:
+            raise PatchError(
+                "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
+            )
+
+    def end_report(self) -> tuple[list[Record], list[str]]:
+        """revert(): the report keeps its records, reverted, until the next apply().
+
+        Returns copies: what the report says right after the revert.
+        """
+        with self.lock:
+            # New lists: report objects taken before keep exactly the reverted cycle.
+            self.records, self.warnings = list(self.records), list(self.warnings)
+            self._reverted_upto = (len(self.records), len(self.warnings))
+            return list(self.records), list(self.warnings)
+
+    def start_report(self) -> None:
+        """apply(): a new report. Records made since the last revert() (import rules
+        declared meanwhile: they act at once) belong to it; the reverted ones do not.
+
+        """
+        with self.lock:
+            if self._reverted_upto is not None:
+                records, warnings = self._reverted_upto
+                self.records = self.records[records:]
+                self.warnings = self.warnings[warnings:]
+                self._reverted_upto = None

@@ -19,8 +19,6 @@ from typing import TypeVar
 from ._config import PatcherConfig
 from ._config import name_of
 from ._entries import Ledger
-from ._errors import PatchDefinitionError
-from ._errors import PatchError
 from ._installer import Installer
 from ._metadata import metadata
 from ._patch import AtomicPatch
@@ -29,12 +27,9 @@ from ._patch import ModuleHook
 from ._patch import Patch
 from ._patch import PatchLike
 from ._plan import Plan
-from ._plan import known_names
 from ._plan import plan
 from ._registry import PluginSelection
-from ._registry import unknown_names
 from ._report import APPLIED
-from ._report import FAILED
 from ._report import USER
 from ._report import InstalledPatch
 from ._report import Report
@@ -69,6 +64,9 @@ class Patcher:
         ``from x import f``; by default they are only reported.
     :param disable, plugins: plugin selection, in addition to ``ASCEND_PATCH_DISABLE``
         and ``ASCEND_PATCH_PLUGINS``.
+    :param count_calls: count the calls of every patch whose replacement is a Python
+        function, not only of ``runtime_check`` ones (``record.counters``); ``None``
+        reads ``ASCEND_PATCH_COUNT_CALLS``. Off, nothing sits on the call path.
     """
 
     __module__ = "ascend_patch_core"
@@ -82,8 +80,10 @@ class Patcher:
         disable: str | Iterable[str] | None = None,
         plugins: str | Iterable[str] | None = None,
         extra_plugins: Iterable[tuple[str, object]] = (),
+        count_calls: bool | None = None,
     ) -> None:
         self._config = PatcherConfig(autoload, strict, disable, plugins, extra_plugins)
+        self._config.count_calls = count_calls
         self._strict = bool(strict)
         self.rebind_stale = rebind_stale
         # What apply() did (cleared by revert()).
@@ -258,7 +258,10 @@ class Patcher:
 
     @property
     def report(self) -> Report:
-        """The live report: pending patches turn applied as their modules are imported."""
+        """The live report: pending patches turn applied as their modules are imported.
+
+        After :meth:`revert`, the reverted records (until the next :meth:`apply`).
+        """
         return Report(
             self._ledger.records, self._ledger.warnings, self._ledger.lock, self._look_for_stale
         )
@@ -309,6 +312,8 @@ class Patcher:
             finished = self._apply_finished if applying is not None else None
             if finished is None:
                 selection = self._config.selection()
+                self._installer.count_calls = self._config.counting()
+                self._ledger.start_report()
                 self._strict = selection.strict
                 self._installer.applying_thread = me
                 self._apply_finished = threading.Event()
@@ -341,7 +346,9 @@ class Patcher:
             # Plan first: a conflict raises before anything is changed.
             config.raise_conflicts(declared, with_added=False)
             planned = plan(declared, self._ledger, metadata, **self._switches())
-            self._check_unknown_names(planned.groups, found.plugin_names)
+            config.check_unknown_names(
+                self._env_enabled, self._ledger, planned.groups, found.plugin_names, self._strict
+            )
             self._applied = True
         # User rules act from the moment they are declared; after a revert(), apply()
         # brings them back.
@@ -396,33 +403,8 @@ class Patcher:
             report_stale(entries, self.rebind_stale)
 
     def _raise_if_strict_failed(self) -> None:
-        if not self._strict:
-            return
-        # The ledger, not self.report: reading the report runs the stale-reference scan,
-        # which waits until someone reads it.
-        with self._ledger.lock:
-            failed = [r for r in self._ledger.records if r.status is FAILED]
-        if failed:
-            raise PatchError(
-                "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
-            )
-
-    def _check_unknown_names(self, groups: dict[str, Any], plugin_names: set[str]) -> None:
-        config = self._config
-        switches = (
-            ("disable()", config.disabled),
-            ("enable()", config.enabled),
-            ("ASCEND_PATCH_ENABLE", self._env_enabled),
-        )
-        if not any(names for _, names in switches):
-            return
-        known = known_names(self._ledger, (g for g, _ in groups.values()), plugin_names)
-        for switch, names in switches:
-            for name in unknown_names(names, known):
-                message = f"{switch} names {name!r}, which matches no patch, group, hook or plugin"
-                if self._strict:
-                    raise PatchDefinitionError(f"ascend-patch (strict): {message}")
-                self._ledger.warn(message)
+        if self._strict:
+            self._ledger.raise_if_failed()
 
     # ------------------------------------------------------------------ revert
 
@@ -430,7 +412,8 @@ class Patcher:
         """Undo everything this patcher did, in reverse order, restoring originals by identity.
 
         A slot that someone else changed after we patched it is left alone and reported.
-        Returns the report (applied patches now say ``reverted``).
+        Returns the report as it stands now (applied patches say ``reverted``);
+        :attr:`report` shows the same records until the next :meth:`apply` starts a new one.
         """
         from ._undo import revert_all
 
@@ -440,5 +423,5 @@ class Patcher:
             self._installer.stale_candidates = []
         revert_all(self._ledger, self._installer, sessions)
         self._activations.undo(self._ledger.warn)
-        records, warnings = self._ledger.take_report()
+        records, warnings = self._ledger.end_report()
         return Report(records, warnings, self._ledger.lock)
