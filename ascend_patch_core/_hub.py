@@ -114,7 +114,12 @@ class _NotifyingLoader(_LoaderBase):
         name = module.__name__
         # A module may put another object in sys.modules while it runs (transformers'
         # _LazyModule does); importlib returns that object, so the callbacks see it too.
-        self._hub.notify(name, sys.modules.get(name, module))
+        try:
+            self._hub.notify(name, sys.modules.get(name, module))
+        except PatchError as failure:
+            # Strict mode: the message says everything; the user's traceback is their
+            # import line and this one, not the core's frames.
+            raise failure.with_traceback(None) from None  # an ascend-patch strict failure
 
     def __getattr__(self, name: str) -> Any:
         # get_code, get_source, get_resource_reader, is_package ... stay the real loader's.

@@ -83,6 +83,8 @@ class Installer:
         self._snapshot: tuple[int, frozenset[int]] | None = None
         #: Entries that failed, in strict mode, while their module was being imported.
         self._failed_in_import: list[tuple[Entry, str]] = []
+        #: Count the calls of replacements that have no runtime_check (see _counting).
+        self.count_calls = False
         hub.when_import_fails(self._import_failed)
 
     # ------------------------------------------------------------------ advancing
@@ -156,7 +158,10 @@ class Installer:
             self.finish(entry, FAILED if strict else SKIPPED, reason)
         self.advance_dependents(entry)
         if strict:
-            raise PatchError(f"ascend-patch (strict): could not apply {who(entry)}: {reason}")
+            from ._strict import strict_failure
+
+            module = _deepest_loaded(entry.patch.path.prefixes) if in_import_callback() else None
+            raise strict_failure(entry.record, reason, module=module)
 
     def _wait_for(self, entry: Entry, module: str) -> None:
         entry.record.set(PENDING, f"waiting for import of {module}")
@@ -243,6 +248,7 @@ class Installer:
         make_wrapper = (
             wrapper_maker() if any(e.patch.runtime_check is not None for e in entries) else None
         )
+        count = _counter() if self.count_calls else None
         with self.ledger.lock:
             modules_before = module_ids()
             for entry in entries:
@@ -267,6 +273,8 @@ class Installer:
                     continue
                 if check is None:
                     new = replacement
+                    if count is not None and type(replacement) is _FUNCTION:
+                        new = count(replacement, entry.record)
                 elif type(replacement) is type(original) is type(check) is _FUNCTION:
                     # Making a wrapper of plain functions runs no user code.
                     assert make_wrapper is not None
@@ -351,6 +359,8 @@ class Installer:
                 replacement = new_inner = patch.replacement
             else:
                 replacement, new_inner = build_replacement(patch, original, entry.record.counters)
+            if self.count_calls and patch.runtime_check is None:
+                new_inner = _counter()(new_inner, entry.record)
             new_raw = (
                 adapt_to_descriptor(original_raw, new_inner) if slot.kind == "class" else new_inner
             )
@@ -369,13 +379,18 @@ class Installer:
             with self.ledger.lock:
                 self.finish(entry, FAILED, f"{reason} [{who(entry)}]")
             if self._strict():
-                if in_import_callback():
+                importing = in_import_callback()
+                if importing:
                     with self.ledger.lock:
                         self._failed_in_import.append((entry, slot.module))
                 self.advance_dependents(entry)
-                raise PatchError(
-                    f"ascend-patch (strict): could not apply {who(entry)}: {reason}"
-                ) from exc
+                from ._strict import strict_failure
+
+                # Not chained: the message names the place the cause was raised, and
+                # the user's traceback stays their import line and this message.
+                raise strict_failure(
+                    entry.record, reason, module=slot.module if importing else None, cause=exc
+                ) from None
             return _NOT_INSTALLED
         entry.modules_before = modules_before
         return new_raw
@@ -427,6 +442,18 @@ def _run_precheck(patch: Any, original: Any) -> None:
         raise PatchError(f"precheck raised {type(exc).__name__}: {exc}") from exc
     if not ok:
         raise Skip("precheck returned False")
+
+
+def _deepest_loaded(prefixes: tuple[str, ...]) -> str | None:
+    """The innermost of a target's leading modules that is loaded (the one imported now)."""
+    return next((name for name in reversed(prefixes) if name in sys.modules), None)
+
+
+def _counter() -> Callable[[Any, Any], Any]:
+    """``counted`` (loaded when counting is on: off, the installer never needs it)."""
+    from ._counting import counted
+
+    return counted
 
 
 def _may_be_lazy(inner: Any) -> bool:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 from ._entries import HookState
 from ._entries import LegacyState
-from ._errors import PatchError
 from ._hub import hub
 from ._installer import Installer
 from ._metadata import metadata
@@ -85,9 +84,9 @@ class HookRunner:
             message = f"callback failed on {name}: {type(exc).__name__}: {exc}"
             state.record.warnings.append(message)
             if self._strict():
-                raise PatchError(
-                    f"ascend-patch (strict): hook {state.hook.name!r} {message}"
-                ) from exc
+                from ._strict import strict_failure
+
+                raise strict_failure(state.record, message, module=name, cause=exc) from None
             return
         state.modules += 1
         # Patches a hook produces belong to the hook: it is their group.
@@ -123,8 +122,10 @@ class HookRunner:
         except Exception as exc:
             state.record.set(FAILED, f"{type(exc).__name__}: {exc}")
             if self._strict():
-                raise PatchError(
-                    f"ascend-patch (strict): legacy patch {state.patch.name!r} failed: {exc}"
-                ) from exc
+                from ._strict import strict_failure
+
+                raise strict_failure(
+                    state.record, f"{type(exc).__name__}: {exc}", module=module.__name__, cause=exc
+                ) from None
             return
         state.record.set(APPLIED, None)
