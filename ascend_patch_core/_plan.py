@@ -193,7 +193,8 @@ def _plan_group(
                 return
     first_entry, first_hook = len(result.entries), len(result.hooks)
     try:
-        children = list(group.patches(declaration.options))
+        # None is "nothing here", as from a plugin hook or a ModuleHook callback.
+        children = list(group.patches(declaration.options) or ())
     except Exception as exc:
         group_record(FAILED, f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}")
         return

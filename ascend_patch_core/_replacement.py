@@ -35,9 +35,16 @@ def build_replacement(
         try:
             replacement = resolve_string(replacement)
         except ModuleNotFoundError as exc:
+            # Its library is not installed here: not applicable, like an absent target.
             if patch.target_wrapper is None:
                 raise Skip(f"replacement {patch.replacement!r} is not importable: {exc}") from exc
             replacement = None
+        except Exception as exc:
+            # The module imports but the name is not in it (or its import raised): the
+            # declaration is wrong for the code installed, a defect -- FAILED, not SKIPPED.
+            raise PatchError(
+                f"replacement {patch.replacement!r} cannot be resolved: {type(exc).__name__}: {exc}"
+            ) from exc
     if replacement is None:
         if patch.target_wrapper is None:
             raise PatchError("no replacement")

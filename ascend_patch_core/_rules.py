@@ -27,6 +27,9 @@ from ._report import Status
 __all__ = ["ImportRule", "InjectImport", "ReplaceImport", "SkipImport"]
 
 
+_MISSING = object()
+
+
 def _never() -> bool:
     return False
 
@@ -76,9 +79,17 @@ class ImportRule:
 
 
 class _ServedRule(ImportRule):
-    """A rule that serves a module in place of the real one."""
+    """A rule that serves a module in place of the real one.
+
+    A name can look like a module and be an attribute (``skip_import(
+    "spconv.pytorch.SparseConvTensor")``, a class): no import ever asks for it, so the
+    rule could never act. When the real parent module turns out to define that name
+    as something other than a module, the rule stops, and its record says so and
+    what to use instead.
+    """
 
     subtree = False
+    _parent_watch: Any = None
 
     def activate(self, record: Record) -> None:
         self.record = record
@@ -89,8 +100,42 @@ class _ServedRule(ImportRule):
             return
         hub.serve(self.module, self, subtree=self.subtree)
         record.set(Status.PENDING, f"takes effect when {self.module} is imported")
+        parent = self.module.rpartition(".")[0]
+        if parent and parent in sys.modules:
+            self._parent_imported(sys.modules[parent])
+        elif parent:
+            self._parent_watch = hub.when_imported(parent, self._parent_imported)
+
+    def _parent_imported(self, parent: types.ModuleType) -> None:
+        self._parent_watch = None
+        record, leaf = self.record, self.module.rpartition(".")[2]
+        value = vars(parent).get(leaf, _MISSING)
+        served = str(getattr(getattr(parent, "__spec__", None), "origin", "")).startswith(
+            "ascend-patch:"
+        )
+        if (
+            record is None
+            or record.status is not Status.PENDING
+            or served  # a stub's or a served module's attributes are its own business
+            or value is _MISSING  # may still be a submodule, imported later
+            or isinstance(value, types.ModuleType)
+        ):
+            return
+        hub.unserve(self.module, self)
+        what = "a class" if isinstance(value, type) else f"a {type(value).__name__} object"
+        record.set(
+            Status.SKIPPED,
+            f"{self.module} is not a module: {parent.__name__} defines {leaf!r} as {what}; "
+            f"import rules act on modules -- {self._attribute_advice(parent.__name__)}",
+        )
+
+    def _attribute_advice(self, parent: str) -> str:
+        return f"to replace the attribute, patch it: AtomicPatch({self.module!r}, ...)"
 
     def deactivate(self) -> list[str]:
+        if self._parent_watch is not None:
+            hub.unwatch(self._parent_watch)
+            self._parent_watch = None
         hub.unserve(self.module, self)
         self._forget_created()
         return []
@@ -123,6 +168,12 @@ class SkipImport(_ServedRule):
 
     def __init__(self, module: str) -> None:
         super().__init__(_module_name(module, "SkipImport"))
+
+    def _attribute_advice(self, parent: str) -> str:
+        return (
+            f"skip the module instead (skip_import({parent!r}) or its package), or "
+            f"replace the attribute: AtomicPatch({self.module!r}, ...)"
+        )
 
     def is_package(self, fullname: str) -> bool:
         return True
