@@ -44,6 +44,7 @@ from ._requires import override_version
 
 
 if TYPE_CHECKING:
+    from ._env_flags import env_flag
     from ._legacy import PatcherBuilder
     from ._rules import ImportRule
     from ._rules import InjectImport
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 # Loaded on first use: start-up time inside a training process is budgeted
 # (docs/benchmarks.md), and most programs never touch these.
 _LAZY = {
+    "env_flag": "._env_flags",
     "ImportRule": "._rules",
     "InjectImport": "._rules",
     "ReplaceImport": "._rules",
@@ -91,6 +93,7 @@ __all__ = [
     "StubUsageError",
     "apply",
     "default_patcher",
+    "env_flag",
     "hookimpl",
     "is_stub",
     "override_version",

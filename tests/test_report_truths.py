@@ -634,3 +634,21 @@ def test_run_strict_stops_at_the_import_with_the_patch_plugin_and_fix(tmp_path: 
     assert "_installer.py" not in err and "The above exception" not in err
     assert err.count('  File "') <= 5, err  # the import line, importlib's three, one core line
     assert lenient.returncode == 0 and lenient.stdout == "first line ran\nafter the import\n"
+
+
+def test_a_plugin_switch_uses_the_same_reader(tmp_path: Path) -> None:
+    """The torch plugin's ASCEND_PATCH_NPU_ENV goes through the public env_flag: 'maybe'
+    is reported (the plugin fails, naming the variable), never guessed."""
+    env = clean_env(tmp_path, None, ASCEND_PATCH_NPU_ENV="maybe", ASCEND_PATCH_PLUGINS="torch")
+    done = run(cli("report", "--json"), tmp_path, env)
+    torch_plugin = next(
+        r
+        for r in json.loads(done.stdout)["records"]
+        if r["kind"] == "plugin" and r["name"] == "torch"
+    )
+    assert torch_plugin["status"] == "failed"
+    assert "ASCEND_PATCH_NPU_ENV='maybe' is neither on nor off" in torch_plugin["reason"]
+    assert (
+        ascend_patch_core.env_flag("ASCEND_PATCH_NPU_ENV", True, {"ASCEND_PATCH_NPU_ENV": "0"})
+        is False
+    )

@@ -18,9 +18,8 @@ The values and their reasons are in :data:`RECOMMENDED` (and docs/training.md):
 
 from __future__ import annotations
 
-import os
-
 from ascend_patch_core import EnvSetting
+from ascend_patch_core import env_flag
 
 from .runtime import npu_runtime_importable
 
@@ -56,7 +55,7 @@ RECOMMENDED: tuple[EnvSetting, ...] = (
 
 def recommended_env() -> list[EnvSetting]:
     """The recommendations where an NPU runtime is importable, unless ``ASCEND_PATCH_NPU_ENV=0``."""
-    if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
+    if not env_flag(SWITCH, True):  # the core's reader: "maybe" is an error, not a guess
         return []
     # The same test every redirect patch makes before it is installed: no torch_npu (and
     # no emulator), no NPU settings. Nothing is imported to answer it.
