@@ -143,6 +143,13 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "give it as --emulate-npu=VERSION)",
     )
     run.add_argument(
+        "--emulated-devices",
+        type=int,
+        metavar="N",
+        help="how many NPUs the emulator provides in every process (sets "
+        "ASCEND_PATCH_EMULATED_DEVICES; default: torchrun's LOCAL_WORLD_SIZE, else 1)",
+    )
+    run.add_argument(
         "--report", metavar="PATH", help="write the run report (JSON, with call counters) at exit"
     )
     run.add_argument(

@@ -74,6 +74,10 @@ KNOWN_VARIABLES: dict[str, str] = {
     "ASCEND_PATCH_AUTOLOAD": "ascend-patch: 0 turns plugin discovery off",
     "ASCEND_PATCH_STRICT": "ascend-patch: 1 makes every failure raise",
     "ASCEND_PATCH_RUN": "ascend-patch: set by `ascend-patch run` for the processes it starts",
+    "ASCEND_PATCH_EMULATED_DEVICES": (
+        "ascend-patch: how many NPUs the emulator provides (default: torchrun's"
+        " LOCAL_WORLD_SIZE, else 1); `run --emulated-devices N` sets it"
+    ),
 }
 
 _CANN_ROOTS = (

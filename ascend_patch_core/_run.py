@@ -22,10 +22,28 @@ from ._bootstrap import ENV_VAR
 from ._bootstrap import RunOptions
 
 
-__all__ = ["OPTIONS_WITH_VALUE", "RunTarget", "UsageError", "run", "split_argv"]
+__all__ = [
+    "EMULATED_DEVICES_VAR",
+    "OPTIONS_WITH_VALUE",
+    "RunTarget",
+    "UsageError",
+    "run",
+    "split_argv",
+]
 
 #: ``run`` options that take a value (``--opt VALUE`` or ``--opt=VALUE``).
-OPTIONS_WITH_VALUE = ("--disable", "--plugins", "--enable", "--report", "--profile", "--brake-at")
+OPTIONS_WITH_VALUE = (
+    "--disable",
+    "--plugins",
+    "--enable",
+    "--report",
+    "--profile",
+    "--brake-at",
+    "--emulated-devices",
+)
+#: How many NPUs the emulator provides; read by the emulator in every process, so
+#: ``--emulated-devices`` reaches torchrun's ranks through the environment.
+EMULATED_DEVICES_VAR = "ASCEND_PATCH_EMULATED_DEVICES"
 
 _THIS_FILE = __file__
 
@@ -96,6 +114,13 @@ def options_from_args(ns: Any) -> RunOptions:
         raise UsageError(f"--brake-at must be a positive number of steps, got {ns.brake_at}")
     emulate = ns.emulate_npu is not None
     version = ns.emulate_npu if isinstance(ns.emulate_npu, str) and ns.emulate_npu else None
+    devices = getattr(ns, "emulated_devices", None)
+    if devices is not None:
+        if not emulate:
+            raise UsageError("--emulated-devices N sets how many NPUs --emulate-npu provides")
+        if devices < 1:
+            raise UsageError(f"--emulated-devices must be a positive number, got {devices}")
+        os.environ[EMULATED_DEVICES_VAR] = str(devices)
     return RunOptions(
         disable=_names(ns.disable),
         plugins=_names(ns.plugins) if ns.plugins else None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import threading
 import warnings
@@ -27,16 +28,21 @@ from ._schemas import available_versions
 
 
 __all__ = [
+    "DEVICES_VARIABLE",
     "EmulatorHandle",
     "EmulatorWarning",
     "activate",
     "active_version",
     "deactivate",
     "is_active",
+    "resolve_device_count",
     "resolve_version",
 ]
 
 _log = logging.getLogger("ascend_patch.emulator")
+#: How many NPUs to emulate, for processes that do not call :func:`activate` themselves
+#: (``ascend-patch run --emulated-devices N`` sets it for the program and its children).
+DEVICES_VARIABLE = "ASCEND_PATCH_EMULATED_DEVICES"
 _lock = threading.RLock()
 
 
@@ -132,18 +138,42 @@ def resolve_version(version: str | None = None) -> str:
     return version
 
 
-def activate(version: str | None = None, *, device_count: int = 1) -> EmulatorHandle:
+def resolve_device_count(device_count: int | None = None) -> int:
+    """How many NPUs :func:`activate` emulates for ``device_count``.
+
+    None means: ``ASCEND_PATCH_EMULATED_DEVICES`` when set (``ascend-patch run
+    --emulated-devices N`` sets it), else the local world size torchrun gives each
+    rank (``LOCAL_WORLD_SIZE``), so that ``torch.npu.set_device(LOCAL_RANK)`` works on
+    every rank as on a machine with one NPU per rank, else 1.
+    """
+    if device_count is None:
+        text = os.environ.get(DEVICES_VARIABLE, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(
+                    f"{DEVICES_VARIABLE} must be a positive number of NPUs to emulate, "
+                    f"got {text!r}"
+                )
+            return int(text)
+        local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+        return int(local) if local.isdigit() and int(local) >= 1 else 1
+    if not isinstance(device_count, int) or isinstance(device_count, bool) or device_count < 1:
+        raise ValueError(f"device_count must be a positive int, got {device_count!r}")
+    return device_count
+
+
+def activate(version: str | None = None, *, device_count: int | None = None) -> EmulatorHandle:
     """Emulate torch_npu ``version`` (default :data:`DEFAULT_VERSION`) on the CPU.
 
     Idempotent: while active, returns the active handle (a different ``version``
     raises). ``device_count`` is how many NPUs ``torch.npu.device_count()``
-    reports; all of them are the CPU. One torch_npu version can be emulated per
+    reports, all of them the CPU; None (the default) reads it from the environment
+    (:func:`resolve_device_count`). One torch_npu version can be emulated per
     process (torch cannot safely drop op definitions); another raises
     :class:`EmulatorVersionError`.
     """
     global _handle
-    if not isinstance(device_count, int) or isinstance(device_count, bool) or device_count < 1:
-        raise ValueError(f"device_count must be a positive int, got {device_count!r}")
+    device_count = resolve_device_count(device_count)
     with _lock:
         if _handle is not None:
             if version is not None and version != _handle.version:

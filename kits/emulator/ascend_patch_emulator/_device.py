@@ -36,6 +36,7 @@ import torch
 from . import _runtime
 from . import _runtime_types
 from ._modules import clear
+from ._runtime_state import invalid_ordinal
 
 
 __all__ = ["install", "make_inactive", "npu_module"]
@@ -82,10 +83,7 @@ def _register_backend_once() -> None:
 def _check_index(device: Any) -> None:
     index = getattr(device, "index", None)
     if index is not None and not 0 <= index < _runtime.state.device_count:
-        raise RuntimeError(
-            f"invalid NPU device ordinal {index}: the emulator has "
-            f"{_runtime.state.device_count} device(s) (activate(device_count=N) for more)"
-        )
+        raise invalid_ordinal(index)
 
 
 def _empty(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 
-__all__ = ["config", "conv", "device_index", "host_memory", "matmul", "state"]
+__all__ = ["config", "conv", "device_index", "host_memory", "invalid_ordinal", "matmul", "state"]
 
 
 class _State:
@@ -83,11 +83,18 @@ def device_index(device: Any, *, optional: bool = True) -> int:
             raise ValueError(f"expected an NPU device ('npu', 'npu:N'), got {device!r}")
         index = state.current if parsed.index is None else parsed.index
     if not 0 <= index < state.device_count:
-        raise RuntimeError(
-            f"invalid NPU device ordinal {index}: the emulator has {state.device_count} "
-            f"device(s) (activate(device_count=N) for more)"
-        )
+        raise invalid_ordinal(index)
     return index
+
+
+def invalid_ordinal(index: int) -> RuntimeError:
+    """The error for a device index the emulator does not have, saying how to get more."""
+    return RuntimeError(
+        f"invalid NPU device ordinal {index}: the NPU emulator has {state.device_count} "
+        f"device(s). Emulate more with `ascend-patch run --emulate-npu --emulated-devices N` "
+        f"or ASCEND_PATCH_EMULATED_DEVICES=N (under torchrun the default is the local world "
+        f"size, LOCAL_WORLD_SIZE); in Python, ascend_patch_emulator.activate(device_count=N)"
+    )
 
 
 def host_memory() -> tuple[int, int]:
