@@ -23,6 +23,7 @@ Run with ``python3 dev.py demo``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -126,8 +127,10 @@ def run_cuda_example() -> int:
             sys.executable, "-m", "ascend_patch_core._cli", "run", "--emulate-npu",
             "--report", str(report), str(example), "--out", str(npu_out), *common,
         ]  # fmt: skip
-        for command in (reference, emulated):
-            done = subprocess.run(command, capture_output=True, text=True)
+        # Count the calls of every patch, not only of those with a runtime_check.
+        counting = {**os.environ, "ASCEND_PATCH_COUNT_CALLS": "1"}
+        for command, env in ((reference, None), (emulated, counting)):
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 print(done.stdout, done.stderr, sep="\n")
                 return done.returncode
@@ -147,9 +150,21 @@ def run_cuda_example() -> int:
             for r in records
             if r.get("counters") and r["counters"]["replacement_calls"]
         )
-        print(f"   CUDA calls redirected to torch.npu, by patch ({len(redirected)} patches):")
-        for calls, name in reversed(redirected[-8:]):
+        shown = redirected[-8:]
+        print(
+            f"   CUDA calls redirected to torch.npu: {len(redirected)} patches called;"
+            f" the {len(shown)} most called:"
+            if len(shown) < len(redirected)
+            else f"   CUDA calls redirected to torch.npu, by patch ({len(redirected)} patches):"
+        )
+        for calls, name in reversed(shown):
             print(f"   {calls:>6}  {name}")
+        if len(shown) < len(redirected):
+            rest = redirected[: -len(shown)]
+            print(
+                f"   {sum(c for c, _ in rest):>6}  in the other {len(rest)} patches"
+                " (the run report lists every one)"
+            )
     return 0 if same else 1
 
 

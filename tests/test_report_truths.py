@@ -652,3 +652,25 @@ def test_a_plugin_switch_uses_the_same_reader(tmp_path: Path) -> None:
         ascend_patch_core.env_flag("ASCEND_PATCH_NPU_ENV", True, {"ASCEND_PATCH_NPU_ENV": "0"})
         is False
     )
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_the_demo_s_numbers_add_up() -> None:
+    """examples/demo.py: every report table's summary equals its rows plus those it hides,
+    and the "by patch" list says how many patches it leaves out."""
+    demo = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+    done = subprocess.run([sys.executable, str(demo)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    tables = [i for i, line in enumerate(lines) if line.startswith("ascend-patch: ")]
+    assert len(tables) == 3
+    for start in tables:
+        end = next((j for j in range(start + 1, len(lines)) if not lines[j].startswith("  ")), None)
+        assert_adds_up("\n".join(lines[start:end]))
+    header = next(line for line in lines if "CUDA calls redirected to torch.npu" in line)
+    called = int(re.search(r"(\d+) patches", header)[1])  # type: ignore[index]
+    listed = lines.index(header) + 1
+    rows = [line for line in lines[listed:] if re.match(r"^ +\d+  \S", line)]
+    other = re.search(r"in the other (\d+) patches", done.stdout)
+    assert len(rows) - (1 if other else 0) + (int(other[1]) if other else 0) == called
