@@ -3,9 +3,11 @@
 Nothing is patched and no target library is imported: plugins are loaded (their
 hooks only return declarations), patch groups expanded, version constraints checked
 from distribution metadata, libraries looked up with ``find_spec`` of their top-level
-name. The JSON form (``--json``) follows the ``ascend-patch-doctor/1`` schema in
-docs/cli.md; the exit status is 1 when something is broken (an ``error`` finding),
-or, with ``--strict``, when there is any warning.
+name. The on-disk metadata cache is loaded as ``apply()`` would and checked against
+a fresh scan (:func:`._doctor_checks.cache_check`). The JSON form (``--json``)
+follows the ``ascend-patch-doctor/1`` schema in docs/cli.md; the exit status is 1
+when something is broken (an ``error`` finding), or, with ``--strict``, when there
+is any warning.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from ._declarations import DeclaredPatch
 from ._declarations import Inventory
 from ._declarations import PluginInfo
 from ._declarations import collect
+from ._doctor_checks import cache_check
+from ._doctor_checks import plugin_findings
+from ._doctor_checks import stack_findings
 from ._metadata import MetadataCache
-from ._npu_stack import Finding
 from ._output import Style
 from ._output import table
 
@@ -141,164 +145,6 @@ def _libraries(inventory: Inventory) -> list[dict[str, Any]]:
     return sorted(libraries.values(), key=lambda e: str(e["name"]))
 
 
-def _plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Finding]:
-    out: list[Finding] = []
-    loaded = inventory.loaded()
-    for plugin in inventory.plugins:
-        if plugin.status == "broken":
-            out.append(
-                Finding("error", "plugin-broken", plugin.reason or f"plugin {plugin.name!r} failed")
-            )
-        out.extend(
-            Finding("error", "declaration-error", f"plugin {plugin.name!r}: {e}")
-            for e in plugin.errors
-        )
-        out.extend(
-            Finding("warning", "plugin-warning", f"plugin {plugin.name!r}: {w}")
-            for w in plugin.warnings
-        )
-        for patch in plugin.patches:
-            for requirement in patch.requirements:
-                if requirement.detail.startswith("invalid requirement"):
-                    out.append(
-                        Finding(
-                            "error",
-                            "invalid-requirement",
-                            f"plugin {plugin.name!r}, patch {patch.name!r}: {requirement.detail}",
-                        )
-                    )
-        for setting in plugin.env:
-            user = os.environ.get(setting.name)
-            if user is not None and user != setting.value:
-                why = f" ({setting.why})" if setting.why else ""
-                out.append(
-                    Finding(
-                        "note",
-                        "env-overridden",
-                        f"plugin {plugin.name!r} recommends {setting.name}={setting.value}{why}; "
-                        f"you set {setting.name}={user}, which is kept",
-                    )
-                )
-    out.extend(Finding("warning", "unknown-name", w) for w in inventory.warnings)
-    for names, switch in (
-        (disable, "--disable"),
-        (inventory.selection.enable, "--enable / ASCEND_PATCH_ENABLE"),
-    ):
-        out.extend(
-            Finding("warning", "unknown-name", w) for w in inventory.unknown_given(names, switch)
-        )
-    for plugin_name, group, other in inventory.group_conflicts():
-        out.append(
-            Finding(
-                "error",
-                "group-conflict",
-                f"patch groups {group!r} (plugin {plugin_name!r}) and {other!r} conflict "
-                f"({group}.conflicts_with names {other!r}); apply() raises PatchConflictError: "
-                f"disable one, e.g. --disable {other}",
-            )
-        )
-    for target, patches in inventory.collisions():
-        who = " and ".join(f"{p.name!r} (plugin {p.plugin!r})" for p in patches)
-        out.append(
-            Finding(
-                "warning",
-                "patch-collision",
-                f"{who} {'both' if len(patches) == 2 else 'all'} patch {target}; "
-                "the last one applied wins (an error in strict mode)",
-            )
-        )
-    for patch, name in inventory.missing_dependencies():
-        out.append(
-            Finding(
-                "error",
-                "missing-dependency",
-                f"plugin {patch.plugin!r}, patch {patch.name!r}: after={name!r} names no patch or "
-                "group of any loaded plugin, so it would fail",
-            )
-        )
-    if not loaded and not any(p.status == "broken" for p in inventory.plugins):
-        out.append(
-            Finding(
-                "warning",
-                "no-plugins",
-                "no plugin is loaded: install one (pip install ascend-patch-torch) or check "
-                "ASCEND_PATCH_DISABLE / ASCEND_PATCH_PLUGINS / ASCEND_PATCH_AUTOLOAD",
-            )
-        )
-    return out
-
-
-def _stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]:
-    out: list[Finding] = []
-    torch, npu, cann, devices = facts["torch"], facts["torch_npu"], facts["cann"], facts["npu"]
-    hook = core["start_hook"]
-    if not hook["installed"]:
-        out.append(
-            Finding(
-                "warning",
-                "start-hook-missing",
-                f"the start hook ({PTH_NAME}) is not in this interpreter's site-packages: "
-                "'ascend-patch run' patches its own process but not spawned workers or torchrun "
-                "ranks; reinstall ascend-patch-core with pip",
-            )
-        )
-    elif hook["current"] is False:
-        out.append(
-            Finding(
-                "warning",
-                "start-hook-stale",
-                f"{hook['path']} differs from the one this ascend-patch-core ships; reinstall it with pip",
-            )
-        )
-    if npu["installed"]:
-        if not torch["installed"]:
-            out.append(
-                Finding(
-                    "error",
-                    "torch-missing",
-                    f"torch_npu {npu['version']} is installed but torch is not",
-                )
-            )
-        elif npu["pairs_with_torch"] is False:
-            out.append(
-                Finding(
-                    "error",
-                    "torch-npu-mismatch",
-                    f"torch_npu {npu['version']} pairs with torch {npu['expected_torch']}, but torch "
-                    f"{torch['version']} is installed: pip install torch=={npu['expected_torch']} "
-                    "(or the torch_npu release for your torch)",
-                )
-            )
-        if not cann["found"]:
-            out.append(
-                Finding(
-                    "warning",
-                    "cann-missing",
-                    "torch_npu is installed but no CANN toolkit was found "
-                    "(ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest)",
-                )
-            )
-        if npu["import_check"] == "import" and not npu["importable"]:
-            out.append(
-                Finding(
-                    "error", "torch-npu-import", f"import torch_npu failed: {npu['import_detail']}"
-                )
-            )
-    else:
-        hint = (
-            "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
-            if core["emulator_entry_point"]
-            else "; to run NPU code paths on the CPU, pip install 'ascend-patch-core[emulator]'"
-            " and use ascend-patch run --emulate-npu"
-        )
-        out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
-    if devices["error"]:
-        out.append(Finding("warning", "npu-smi", devices["error"]))
-    elif devices["npu_smi"] and not devices["devices"]:
-        out.append(Finding("warning", "no-devices", "npu-smi lists no NPU"))
-    return out
-
-
 def diagnose(
     *,
     disable: Iterable[str] = (),
@@ -323,7 +169,13 @@ def diagnose(
     }
     variables, env_findings = _npu_stack.variable_findings(facts)
     facts["variables"] = variables
-    findings = _plugin_findings(inventory, disable) + _stack_findings(facts, core) + env_findings
+    cache, cache_findings = cache_check()
+    findings = (
+        plugin_findings(inventory, disable)
+        + stack_findings(facts, core)
+        + env_findings
+        + cache_findings
+    )
     order = {"error": 0, "warning": 1, "note": 2}
     findings.sort(key=lambda f: order.get(f.level, 3))
     counts = {level: sum(f.level == level for f in findings) for level in order}
@@ -343,6 +195,7 @@ def diagnose(
         "plugins": [_plugin_dict(p) for p in inventory.plugins],
         "libraries": _libraries(inventory),
         "environment": facts,
+        "metadata_cache": cache,
         "findings": [f._asdict() for f in findings],
         "elapsed_s": round(time.perf_counter() - started, 3),
     }
@@ -456,6 +309,8 @@ def render(result: dict[str, Any], *, verbose: bool = False, stream: TextIO | No
         rows.append(["NPUs", f"{len(devices['devices'])} {names}".strip()])
     hook = core["start_hook"]
     rows.append(["start hook", hook["path"] if hook["installed"] else "not installed"])
+    cache = result["metadata_cache"]
+    rows.append(["metadata cache", f"{cache['state']}  {cache['path'] or ''}".rstrip()])
     lines.extend(table(rows, style))
     shown = [v for v in env["variables"] if verbose or v["value"] is not None]
     if shown:

@@ -10,6 +10,12 @@ Checking the key costs one ``stat`` per ``sys.path`` directory while nothing was
 installed (see :meth:`MetadataCache.fingerprint`).
 A cache hit imports neither importlib.metadata nor packaging. The cache is a ``marshal`` file: no import cost.
 
+The cache says which modules ``apply()`` imports, so it is guarded (docs/security.md):
+it lives in a 0700 directory as a 0600 file, is read only when this user owns both
+and nobody else can write them (:mod:`._cache_file`), and every field of it is
+checked, every answer tied to an installed distribution's metadata directory
+(:mod:`._cache_validation`). A cache that fails a check is discarded and rebuilt.
+
 Controls: ``ASCEND_PATCH_CACHE=0`` disables it; ``ASCEND_PATCH_CACHE_DIR`` moves it
 (default ``$XDG_CACHE_HOME/ascend-patch`` or ``~/.cache/ascend-patch``).
 """
@@ -20,25 +26,21 @@ import binascii
 import contextlib
 import marshal
 import os
-import stat
 import sys
 import threading
-import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+from . import _cache_file
+from . import _cache_validation
+from ._fingerprint import fingerprint
 from ._value import Value
 
 
 __all__ = ["EntryPointInfo", "MetadataCache", "metadata", "normalize_name"]
 
-_FORMAT = 5
-#: Directory times this close to now (ns) are re-listed on the next check.
-_RACY_NS = 2_000_000_000
-# Directories and files that carry a distribution's metadata (entry points, version).
-_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
-# Written in place by `setup.py develop` / legacy editable installs: re-checked each time.
-_IN_PLACE_SUFFIXES = (".egg-info", ".egg-link")
+_FORMAT = 6
 
 
 def normalize_name(name: str) -> str:
@@ -85,6 +87,52 @@ class EntryPointInfo(Value):
                 obj = getattr(obj, part)
         return obj
 
+    def failure_file(self, exc: BaseException) -> str | None:
+        """The file where :meth:`load` failed with ``exc``: the plugin's own file nearest the error.
+
+        The innermost traceback frame inside the plugin's top-level package (for an
+        error in a dependency, the plugin line that imported it); the file of a
+        syntax error there; else the entry point's module file; None when that module
+        does not exist. Nothing is imported to find it.
+        """
+        import importlib.util
+
+        top = self.module.partition(".")[0]
+        try:
+            spec = importlib.util.find_spec(top)
+        except Exception:  # a broken parent, a module without __spec__: no place to name
+            spec = None
+        if spec is None or spec.origin is None:
+            return None
+        roots = list(spec.submodule_search_locations or [spec.origin])
+        roots = [os.path.normpath(os.path.abspath(r)) for r in roots]
+
+        def inside(path: str | None) -> bool:
+            if not path:
+                return False
+            path = os.path.normpath(os.path.abspath(path))
+            return any(path == root or path.startswith(root + os.sep) for root in roots)
+
+        if isinstance(exc, SyntaxError) and inside(exc.filename):
+            return exc.filename
+        found = None
+        tb = exc.__traceback__
+        while tb is not None:
+            if inside(tb.tb_frame.f_code.co_filename):
+                found = tb.tb_frame.f_code.co_filename
+            tb = tb.tb_next
+        if found is not None:
+            return found
+        if not spec.submodule_search_locations:
+            return spec.origin if os.path.exists(spec.origin) else None
+        relative = self.module.split(".")[1:]
+        for root in roots:
+            base = os.path.join(root, *relative)
+            for candidate in (os.path.join(base, "__init__.py"), base + ".py"):
+                if os.path.isfile(candidate):
+                    return candidate
+        return None
+
 
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -104,60 +152,17 @@ class MetadataCache:
         self._dirty = False
         #: Whether the last load came from the disk cache (for benchmarks and doctor).
         self.hit = False
+        #: Why the disk cache was not read or written (its owner or modes), or None.
+        self.refused: str | None = None
+        #: Why the disk cache was read but discarded (a malformed or unbacked field), or None.
+        self.rejected: str | None = None
+        #: What was made private again (a directory an older release left open), or None.
+        self.repaired: str | None = None
 
     # -- fingerprint & storage ----------------------------------------------------
 
-    @staticmethod
-    def fingerprint(known: Mapping[str, Any] | None = None) -> tuple[str, dict[str, list[Any]]]:
-        """What the answers depend on: every distribution's metadata on sys.path.
-
-        Returns the key and, per ``sys.path`` entry, ``[stamp, listing]``: the
-        directory's ``[mtime_ns, ctime_ns, inode]`` and the ``[name, mtime_ns]`` of each
-        metadata entry (``*.dist-info``, ``*.egg-info``, ``*.egg-link``) it holds.
-        ``known`` is that map from the cache: a directory whose stamp has not changed
-        is not listed again (one ``stat`` instead of a scan of ~150 entries: installing,
-        upgrading, reinstalling or removing a distribution adds or removes a metadata
-        directory and so changes its parent's times). Egg-info entries, which
-        ``setup.py develop`` rewrites in place, are re-stat'ed every time.
-
-        The stamp is ``None`` when the directory changed within :data:`_RACY_NS` of
-        now, as in git's "racy clean" check: file-system clocks tick coarser than
-        nanoseconds, so a directory changed again within the same tick would keep its
-        times; such a directory is listed again next time. The ctime (which no program
-        can set back) and the inode keep a restored or different directory with the
-        same mtime -- ``''`` is whatever the working directory is -- from passing.
-
-        Not the directories' times themselves: those change whenever anything is
-        written there (a training script's checkpoints in the working directory),
-        which would make the cache miss on almost every run. Nor the names of
-        directories that hold no metadata: ``sys.path[0]`` is the script's directory
-        (or ``''`` for ``python -c``), and naming it made every program, and every
-        working directory, overwrite the cache the previous one had written.
-        """
-        known = known or {}
-        now = time.time_ns()
-        parts = [sys.executable, sys.prefix, str(_FORMAT)]
-        paths: dict[str, list[Any]] = {}
-        for entry in sys.path:
-            if not isinstance(entry, str):
-                continue  # the PathFinder ignores such entries too
-            path = entry or "."
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue  # absent now: contributes nothing, as it lists nothing
-            stamp = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-            listing = _reusable_listing(known.get(entry), stamp, path)
-            if listing is None:
-                listing = _listing(path, st)
-            racy = now - max(st.st_mtime_ns, st.st_ctime_ns) <= _RACY_NS
-            paths[entry] = [None if racy else stamp, listing]
-            if listing:
-                parts.append(entry)
-                parts.extend(f"{name}\0{mtime}" for name, mtime in listing)
-        # The text itself is the key (a few kB): hashing it would cost more than the
-        # comparison, and hashlib more than that to import (~3 ms, OpenSSL).
-        return "\n".join(parts), paths
+    #: What the answers depend on (see :func:`._fingerprint.fingerprint`).
+    fingerprint = staticmethod(fingerprint)
 
     def _enabled(self) -> bool:
         from ._env_flags import env_flag
@@ -187,10 +192,19 @@ class MetadataCache:
                     self._note_paths(paths)
                     return self._data
             disk = self._read()
-            known = disk.get("paths") if disk is not None else None
-            fingerprint, paths = self.fingerprint(known if isinstance(known, dict) else None)
+            if disk is not None:
+                self.rejected = _problem(_cache_validation.shape_problem, disk)
+                if self.rejected is not None:
+                    disk = None
+            fingerprint, paths = self.fingerprint(disk["paths"] if disk is not None else None)
+            if disk is not None and disk["fingerprint"] == fingerprint:
+                self.rejected = _problem(_cache_validation.binding_problem, disk, paths)
+                if self.rejected is not None:
+                    disk = None
+                    # Its listings may be what is wrong: list every directory again.
+                    fingerprint, paths = self.fingerprint()
             self._fingerprint = fingerprint
-            if disk is not None and disk.get("fingerprint") == fingerprint:
+            if disk is not None and disk["fingerprint"] == fingerprint:
                 self._data = disk
                 self.hit = True
                 self._note_paths(paths)
@@ -202,26 +216,41 @@ class MetadataCache:
                     "fingerprint": fingerprint,
                     "paths": paths,
                     "groups": {},
+                    "shadowed": {},
                     "versions": {},
                     "requirements": {},
                 }
                 self._dirty = True
             return self._data
 
+    def _ours(self) -> bool:
+        """Whether the cache directory is the default one, which only this program creates."""
+        return not os.environ.get("ASCEND_PATCH_CACHE_DIR")
+
     def _read(self) -> dict[str, Any] | None:
+        """The disk cache when only this user can have written it and it unmarshals to ours."""
+        self.refused = self.rejected = None
         if not self._enabled():
             return None
         try:
-            with open(self._path(), "rb") as fh:
-                data = marshal.load(fh)
-        except (OSError, EOFError, ValueError, TypeError):
+            fh, self.refused, repaired = _cache_file.open_private(self._path(), ours=self._ours())
+            self.repaired = self.repaired or repaired
+        except OSError as exc:
+            self.refused = f"the cache cannot be checked: {exc}"
             return None
-        # Another format or interpreter (a CRC collision in the file name): not ours.
-        if (
-            not isinstance(data, dict)
-            or data.get("format") != _FORMAT
-            or data.get("interpreter") != [sys.executable, sys.prefix]
-        ):
+        if fh is None:
+            return None
+        try:
+            with fh:
+                data = marshal.load(fh)
+        except Exception as exc:  # EOFError, ValueError, TypeError: not a marshal file
+            self.rejected = f"the cache file does not unmarshal ({type(exc).__name__})"
+            return None
+        if not isinstance(data, dict):
+            self.rejected = "the cache file does not hold a mapping"
+            return None
+        # Another format (an older release) or interpreter (a CRC collision): not ours.
+        if data.get("format") != _FORMAT or data.get("interpreter") != [sys.executable, sys.prefix]:
             return None
         return data
 
@@ -245,16 +274,29 @@ class MetadataCache:
                 return
             path = self._path()
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                # Unique even across hosts sharing a home directory.
-                tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-                with open(tmp, "wb") as fh:
-                    marshal.dump(self._data, fh)
-                os.replace(tmp, path)
+                directory = os.path.dirname(path)
+                problem, repaired = _cache_file.prepare_directory(directory, ours=self._ours())
+                self.repaired = self.repaired or repaired
+                if problem is not None:
+                    self.refused = problem
+                    return
+                _cache_file.write_private(path, marshal.dumps(self._data))
                 self._dirty = False
             except (OSError, ValueError, TypeError):  # ValueError: unmarshallable data
-                with contextlib.suppress(OSError, UnboundLocalError):
-                    os.remove(tmp)
+                pass
+
+    def audit(self) -> tuple[str | None, dict[str, Any] | None]:
+        """``(cache file, its answers)`` as ``apply()`` would load them, for doctor.
+
+        The answers are None when the disk cache was not used (absent, stale,
+        :attr:`refused` or :attr:`rejected`); the file is None when the cache is off.
+        """
+        with self._lock:
+            if not self._enabled():
+                return None, None
+            self._data = None
+            data = self._load(check=True)
+            return self._path(), (data if self.hit else None)
 
     def clear(self) -> None:
         with self._lock:
@@ -271,11 +313,11 @@ class MetadataCache:
             data = self._load(check=True)
             rows = None if fresh else data["groups"].get(group)
             if rows is None:
-                rows, shadowed = _scan_group(group)
+                rows, shadowed = _scan_group(group, data["paths"])
                 data["groups"][group] = rows
-                data.setdefault("shadowed", {})[group] = shadowed
+                data["shadowed"][group] = shadowed
                 self._dirty = True
-            return [EntryPointInfo(*row) for row in rows]
+            return [EntryPointInfo(*row[:5]) for row in rows]
 
     def entry_point(self, group: str, name: str) -> EntryPointInfo | None:
         """The entry point ``name`` of ``group`` (the one that wins), or None."""
@@ -286,83 +328,74 @@ class MetadataCache:
         with self._lock:
             if group not in self._load()["groups"]:
                 self.entry_points(group)
-            rows = self._load().get("shadowed", {}).get(group, [])
-            return [EntryPointInfo(*row) for row in rows]
+            rows = self._load()["shadowed"].get(group, [])
+            return [EntryPointInfo(*row[:5]) for row in rows]
 
     def version(self, distribution: str) -> str | None:
         """Installed version of ``distribution``, or None when it is not installed."""
         key = normalize_name(distribution)
         with self._lock:
             data = self._load()
-            versions: dict[str, str | None] = data["versions"]
+            versions: dict[str, tuple[str, str | None, str | None] | None] = data["versions"]
             if key not in versions:
                 from importlib import metadata as importlib_metadata
 
                 try:
-                    versions[key] = importlib_metadata.version(key)
+                    dist = importlib_metadata.distribution(key)
                 except importlib_metadata.PackageNotFoundError:
                     versions[key] = None
+                else:
+                    where = _cache_validation.origin(
+                        getattr(dist, "_path", None), _entries(data["paths"])
+                    )
+                    versions[key] = None if dist.version is None else (dist.version, *where)
                 self._dirty = True
-            return versions[key]
+            found = versions[key]
+            return None if found is None else found[0]
 
     def cached_requirement(self, text: str) -> tuple[bool, str] | None:
         with self._lock:
             found = self._load()["requirements"].get(text)
-            return None if found is None else (bool(found[0]), str(found[1]))
+            return None if found is None else (found[0], found[1])
 
     def store_requirement(self, text: str, result: tuple[bool, str]) -> None:
+        """Remember the answer to ``text``, with the versions it was computed from (its binding)."""
         with self._lock:
-            self._load()["requirements"][text] = result
+            data = self._load()
+            versions = data["versions"]
+            consulted = tuple(
+                (key, None if versions[key] is None else versions[key][0])
+                for key in _cache_validation.requirement_names(text)
+                if key in versions
+            )
+            data["requirements"][text] = (bool(result[0]), str(result[1]), consulted)
             self._dirty = True
 
 
-_Row = tuple[str, str, str, str, str]
-
-
-def _listing(path: str, st: os.stat_result) -> list[list[Any]]:
-    """``[name, mtime_ns]`` of the metadata a sys.path entry holds; [] when none."""
-    if not stat.S_ISDIR(st.st_mode):  # a zip or egg file on sys.path: itself
-        return [["", st.st_mtime_ns]]
+def _problem(check: Callable[..., str | None], *args: Any) -> str | None:
+    """What ``check`` finds wrong with a cache; a check that cannot be made is a failed check."""
     try:
-        with os.scandir(path) as entries:
-            found = [
-                [e.name, e.stat().st_mtime_ns]
-                for e in entries
-                if e.name.endswith(_METADATA_SUFFIXES)
-            ]
-    except OSError:
-        return [["-", 0]]  # unreadable: a listing of its own, so a later read differs
-    found.sort()
-    return found
+        return check(*args)
+    except Exception as exc:  # RecursionError on absurd nesting, and whatever else
+        return f"the cache cannot be checked ({type(exc).__name__})"
 
 
-def _reusable_listing(previous: object, stamp: list[int], path: str) -> list[list[Any]] | None:
-    """The cached listing of a directory, if its stamp and its egg-info entries are unchanged."""
-    if not (
-        isinstance(previous, list)
-        and len(previous) == 2
-        and previous[0] == stamp
-        and isinstance(previous[1], list)
-    ):
-        return None
-    listing: list[list[Any]] = previous[1]
-    for item in listing:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
-            return None
-        name, mtime = item
-        if name.endswith(_IN_PLACE_SUFFIXES):
-            try:
-                if os.stat(os.path.join(path, name)).st_mtime_ns != mtime:
-                    return None
-            except OSError:
-                return None
-    return listing
+def _entries(paths: Mapping[str, Any]) -> dict[str, str]:
+    """Normalized sys.path entry -> the entry as written (the first one, as the path finder)."""
+    out: dict[str, str] = {}
+    for entry in paths:
+        out.setdefault(os.path.normpath(entry or "."), entry)
+    return out
 
 
-def _scan_group(group: str) -> tuple[list[_Row], list[_Row]]:
-    """(kept, shadowed) entry points of ``group``."""
+_Row = tuple[str, str, str, str, str, "str | None", "str | None"]
+
+
+def _scan_group(group: str, paths: Mapping[str, Any]) -> tuple[list[_Row], list[_Row]]:
+    """(kept, shadowed) entry points of ``group``, each with the metadata directory it came from."""
     from importlib import metadata as importlib_metadata
 
+    entries = _entries(paths)
     rows: dict[str, _Row] = {}
     shadowed: list[_Row] = []
     for dist in importlib_metadata.distributions():
@@ -379,9 +412,10 @@ def _scan_group(group: str) -> tuple[list[_Row], list[_Row]]:
             continue
         name = dist.metadata["Name"] or "?"
         version = dist.version or "?"
+        where = _cache_validation.origin(getattr(dist, "_path", None), entries)
         for ep in eps:
             # pluggy's rule: the first distribution on sys.path wins a name.
-            row = (ep.name, ep.value, group, name, version)
+            row = (ep.name, ep.value, group, name, version, *where)
             if ep.name in rows:
                 if rows[ep.name][3] != name:  # the same dist seen twice is no conflict
                     shadowed.append(row)

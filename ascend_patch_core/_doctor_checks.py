@@ -1,0 +1,302 @@
+"""The checks behind ``ascend-patch doctor``'s findings: plugins, the NPU stack, the metadata cache.
+
+Each function turns facts gathered by :mod:`._doctor` into :class:`Finding` objects;
+the cache check also acts (it removes a cache that fails, so the next run rebuilds
+it) and says so in its finding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from ._bootstrap import PTH_NAME
+from ._declarations import Inventory
+from ._declarations import PluginInfo
+from ._npu_stack import Finding
+
+
+__all__ = ["cache_check", "plugin_findings", "stack_findings"]
+
+
+def _empty_plugin(plugin: PluginInfo) -> str:
+    prov = plugin.provenance
+    origin = f" ({prov.distribution} {prov.version})" if prov.distribution else ""
+    return (
+        f"plugin {plugin.name!r}{origin} declares nothing (no patch, import rule or "
+        "environment default): installing it changes nothing. If it should, check that its "
+        "hooks are marked with @hookimpl and return their declarations"
+    )
+
+
+def plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Finding]:
+    out: list[Finding] = []
+    loaded = inventory.loaded()
+    for plugin in inventory.plugins:
+        if plugin.status == "broken":
+            out.append(
+                Finding("error", "plugin-broken", plugin.reason or f"plugin {plugin.name!r} failed")
+            )
+        out.extend(
+            Finding("error", "declaration-error", f"plugin {plugin.name!r}: {e}")
+            for e in plugin.errors
+        )
+        out.extend(
+            Finding("warning", "plugin-warning", f"plugin {plugin.name!r}: {w}")
+            for w in plugin.warnings
+        )
+        if plugin.status == "loaded" and not (plugin.patches or plugin.rules or plugin.env):
+            out.append(Finding("warning", "plugin-empty", _empty_plugin(plugin)))
+        for patch in plugin.patches:
+            for requirement in patch.requirements:
+                if requirement.detail.startswith("invalid requirement"):
+                    out.append(
+                        Finding(
+                            "error",
+                            "invalid-requirement",
+                            f"plugin {plugin.name!r}, patch {patch.name!r}: {requirement.detail}",
+                        )
+                    )
+        for setting in plugin.env:
+            user = os.environ.get(setting.name)
+            if user is not None and user != setting.value:
+                why = f" ({setting.why})" if setting.why else ""
+                out.append(
+                    Finding(
+                        "note",
+                        "env-overridden",
+                        f"plugin {plugin.name!r} recommends {setting.name}={setting.value}{why}; "
+                        f"you set {setting.name}={user}, which is kept",
+                    )
+                )
+    out.extend(Finding("warning", "unknown-name", w) for w in inventory.warnings)
+    for names, switch in (
+        (disable, "--disable"),
+        (inventory.selection.enable, "--enable / ASCEND_PATCH_ENABLE"),
+    ):
+        out.extend(
+            Finding("warning", "unknown-name", w) for w in inventory.unknown_given(names, switch)
+        )
+    for plugin_name, group, other in inventory.group_conflicts():
+        out.append(
+            Finding(
+                "error",
+                "group-conflict",
+                f"patch groups {group!r} (plugin {plugin_name!r}) and {other!r} conflict "
+                f"({group}.conflicts_with names {other!r}); apply() raises PatchConflictError: "
+                f"disable one, e.g. --disable {other}",
+            )
+        )
+    for target, patches in inventory.collisions():
+        who = " and ".join(f"{p.name!r} (plugin {p.plugin!r})" for p in patches)
+        out.append(
+            Finding(
+                "warning",
+                "patch-collision",
+                f"{who} {'both' if len(patches) == 2 else 'all'} patch {target}; "
+                "the last one applied wins (an error in strict mode)",
+            )
+        )
+    for patch, name in inventory.missing_dependencies():
+        out.append(
+            Finding(
+                "error",
+                "missing-dependency",
+                f"plugin {patch.plugin!r}, patch {patch.name!r}: after={name!r} names no patch or "
+                "group of any loaded plugin, so it would fail",
+            )
+        )
+    if not loaded and not any(p.status == "broken" for p in inventory.plugins):
+        out.append(
+            Finding(
+                "warning",
+                "no-plugins",
+                "no plugin is loaded: install one (pip install ascend-patch-torch) or check "
+                "ASCEND_PATCH_DISABLE / ASCEND_PATCH_PLUGINS / ASCEND_PATCH_AUTOLOAD",
+            )
+        )
+    return out
+
+
+def stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    torch, npu, cann, devices = facts["torch"], facts["torch_npu"], facts["cann"], facts["npu"]
+    hook = core["start_hook"]
+    if not hook["installed"]:
+        out.append(
+            Finding(
+                "warning",
+                "start-hook-missing",
+                f"the start hook ({PTH_NAME}) is not in this interpreter's site-packages: "
+                "'ascend-patch run' patches its own process but not spawned workers or torchrun "
+                "ranks; reinstall ascend-patch-core with pip",
+            )
+        )
+    elif hook["current"] is False:
+        out.append(
+            Finding(
+                "warning",
+                "start-hook-stale",
+                f"{hook['path']} differs from the one this ascend-patch-core ships; reinstall it with pip",
+            )
+        )
+    if npu["installed"]:
+        if not torch["installed"]:
+            out.append(
+                Finding(
+                    "error",
+                    "torch-missing",
+                    f"torch_npu {npu['version']} is installed but torch is not",
+                )
+            )
+        elif npu["pairs_with_torch"] is False:
+            out.append(
+                Finding(
+                    "error",
+                    "torch-npu-mismatch",
+                    f"torch_npu {npu['version']} pairs with torch {npu['expected_torch']}, but torch "
+                    f"{torch['version']} is installed: pip install torch=={npu['expected_torch']} "
+                    "(or the torch_npu release for your torch)",
+                )
+            )
+        if not cann["found"]:
+            out.append(
+                Finding(
+                    "warning",
+                    "cann-missing",
+                    "torch_npu is installed but no CANN toolkit was found "
+                    "(ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest)",
+                )
+            )
+        if npu["import_check"] == "import" and not npu["importable"]:
+            out.append(
+                Finding(
+                    "error", "torch-npu-import", f"import torch_npu failed: {npu['import_detail']}"
+                )
+            )
+    else:
+        hint = (
+            "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
+            if core["emulator_entry_point"]
+            else "; to run NPU code paths on the CPU, pip install 'ascend-patch-core[emulator]'"
+            " and use ascend-patch run --emulate-npu"
+        )
+        out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
+    if devices["error"]:
+        out.append(Finding("warning", "npu-smi", devices["error"]))
+    elif devices["npu_smi"] and not devices["devices"]:
+        out.append(Finding("warning", "no-devices", "npu-smi lists no NPU"))
+    return out
+
+
+_SECURITY = "see docs/security.md"
+
+
+def cache_check() -> tuple[dict[str, Any], list[Finding]]:
+    """The on-disk metadata cache as ``apply()`` would load it, checked against a fresh scan.
+
+    Returns the ``cache`` section of doctor's JSON and the findings. A cache that is
+    discarded (malformed, or an answer not backed by an installed distribution) or
+    that disagrees with what is installed now is removed: the next run rebuilds it.
+    """
+    from ._metadata import MetadataCache
+
+    cache = MetadataCache()
+    path, answers = cache.audit()
+    info: dict[str, Any] = {"path": path, "state": "disabled", "detail": None}
+    out: list[Finding] = []
+    if path is None:
+        return info, out
+    if cache.repaired:
+        out.append(Finding("note", "cache-repaired", f"metadata cache: {cache.repaired}"))
+    if cache.refused:
+        info.update(state="refused", detail=cache.refused)
+        out.append(
+            Finding(
+                "warning",
+                "cache-refused",
+                f"metadata cache: {cache.refused}. Every run reads the installed distributions "
+                "again (slower start-up) until the directory is yours and private "
+                f"(chmod 700 {os.path.dirname(path)}) or ASCEND_PATCH_CACHE_DIR names one; "
+                + _SECURITY,
+            )
+        )
+    elif cache.rejected:
+        cache.clear()
+        info.update(state="invalid", detail=cache.rejected)
+        out.append(
+            Finding(
+                "warning",
+                "cache-invalid",
+                f"metadata cache {path} was discarded: {cache.rejected}. Doctor removed it; "
+                "the next run writes a fresh one. If this recurs, something else writes the "
+                f"cache: {_SECURITY}",
+            )
+        )
+    elif answers is None:
+        info["state"] = "stale" if os.path.exists(path) else "absent"
+    else:
+        differences = _differences(answers)
+        if differences:
+            cache.clear()
+            info.update(state="mismatch", detail="; ".join(differences))
+            out.append(
+                Finding(
+                    "warning",
+                    "cache-mismatch",
+                    f"metadata cache {path} disagrees with the installed distributions: "
+                    f"{'; '.join(differences[:3])}"
+                    f"{f' (and {len(differences) - 3} more)' if len(differences) > 3 else ''}. "
+                    "Doctor removed it; the next run rebuilds it from a fresh scan. If this "
+                    f"recurs, something else writes the cache: {_SECURITY}",
+                )
+            )
+        else:
+            info["state"] = "valid"
+    return info, out
+
+
+def _differences(answers: dict[str, Any]) -> list[str]:
+    """Where a loaded cache's answers differ from a fresh scan of what is installed."""
+    from ._metadata import MetadataCache
+    from ._requires import check_requirement
+
+    fresh = MetadataCache(persistent=False)
+    out: list[str] = []
+    for field, scan in (
+        ("groups", fresh.entry_points),
+        ("shadowed", fresh.shadowed_entry_points),
+    ):
+        for group, rows in answers[field].items():
+            cached = sorted(tuple(row[:5]) for row in rows)
+            installed = sorted(
+                (i.name, i.value, i.group, i.distribution, i.version) for i in scan(group)
+            )
+            if cached != installed:
+                what = "entry points" if field == "groups" else "shadowed entry points"
+                out.append(
+                    f"{what} of {group!r}: cached {_rows(cached)}, installed {_rows(installed)}"
+                )
+    for key, found in answers["versions"].items():
+        cached_version = None if found is None else found[0]
+        installed_version = fresh.version(key)
+        if cached_version != installed_version:
+            out.append(
+                f"{key}: cached {cached_version or 'not installed'}, "
+                f"installed {installed_version or 'not installed'}"
+            )
+    for text, (satisfied, _, _) in answers["requirements"].items():
+        now = check_requirement(text, fresh)[0]
+        if now != satisfied:
+            out.append(
+                f"requirement {text!r}: cached {'met' if satisfied else 'unmet'}, "
+                f"now {'met' if now else 'unmet'}"
+            )
+    return out
+
+
+def _rows(rows: list[tuple[Any, ...]]) -> str:
+    return (
+        "[" + ", ".join(f"{r[0]} = {r[1]} ({r[3]} {r[4]})" for r in rows) + "]" if rows else "none"
+    )
