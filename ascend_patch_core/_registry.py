@@ -325,6 +325,10 @@ def _load_one(
         try:
             obj = info.load()
         except Exception as exc:
+            file = info.failure_file(exc)  # the plugin's own file nearest the error
+            record.provenance = Provenance(
+                prov.plugin, prov.distribution, prov.version, prov.entry_point, file
+            )
             _fail(record, _describe_import_failure(info, exc))
             return None
     file = _defining_file(obj)

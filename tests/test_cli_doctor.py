@@ -481,3 +481,109 @@ def test_doctor_and_scan_import_no_torch_with_the_real_plugins(tmp_path: Path) -
 
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
+
+
+def test_a_plugin_that_declares_nothing_is_a_warning(tmp_path: Path, site: Path) -> None:
+    """An installed plugin whose hooks register no patch, rule or env default is pointed out."""
+    hollow = """
+        from ascend_patch_core import hookimpl
+
+        @hookimpl
+        def register_patches():
+            return []
+        """
+    unmarked = """
+        def register_patches():  # forgot @hookimpl: pluggy never calls it
+            return ["would-be patches"]
+        """
+    env_only = """
+        from ascend_patch_core import EnvSetting, hookimpl
+
+        @hookimpl
+        def configure_env():
+            return [EnvSetting("APX_ONLY_ENV", "1")]
+        """
+    for dist, module, source in (
+        ("apx-hollow", "apx_hollow", hollow),
+        ("apx-unmarked", "apx_unmarked", unmarked),
+        ("apx-env-only", "apx_env_only", env_only),
+    ):
+        write_dist(site, dist, "0.1", {f"{module}.py": source}, {"ascend_patch": {module: module}})
+    env = clean_env(tmp_path, site)
+
+    status, result = doctor(
+        tmp_path, env, "--json", "--plugins", "apx_hollow,apx_unmarked,apx_env_only,apx_doc"
+    )
+    _, text = doctor(tmp_path, env, "--plugins", "apx_hollow")
+
+    empty = findings(result, "plugin-empty")
+    assert [m.split()[1] for m in empty] == ["'apx_hollow'", "'apx_unmarked'"]
+    assert empty[0].startswith("plugin 'apx_hollow' (apx-hollow 0.1) declares nothing")
+    assert status == 0  # a warning: the plugin works, it just does nothing
+    assert "plugin-empty" in text
+
+
+BROKEN_KINDS = {
+    # entry-point value, files (relative to the site), where doctor must point
+    "apx_fail_dep": (
+        "apx_fail_dep",
+        {"apx_fail_dep.py": "import apx_missing_dep_zz\n"},
+        "apx_fail_dep.py",
+    ),
+    "apx_fail_syntax": (
+        "apx_fail_syn",
+        {"apx_fail_syn/__init__.py": "from . import bad\n", "apx_fail_syn/bad.py": "def f(:\n"},
+        "apx_fail_syn/bad.py",
+    ),
+    "apx_fail_inner": (
+        "apx_fail_inner.plugin",
+        {
+            "apx_fail_inner/__init__.py": "",
+            "apx_fail_inner/plugin.py": "from . import helpers\nhelpers.setup()\n",
+            "apx_fail_inner/helpers.py": "def setup():\n    raise RuntimeError('no config')\n",
+        },
+        "apx_fail_inner/helpers.py",
+    ),
+    # The error is raised inside a library it imports: the plugin's line that imported it.
+    "apx_fail_lib": (
+        "apx_fail_lib",
+        {
+            "apx_fail_lib.py": "import apx_outside_lib\n",
+            "apx_outside_lib.py": "raise ValueError('x')\n",
+        },
+        "apx_fail_lib.py",
+    ),
+    "apx_fail_attr": (
+        "apx_fail_attr:plugin",
+        {"apx_fail_attr.py": "x = 1\n"},
+        "apx_fail_attr.py",
+    ),
+    "apx_fail_absent": ("apx_absent_module_zz", {}, None),
+}
+
+
+def test_an_import_failure_names_the_plugin_file_where_it_happened(
+    tmp_path: Path, site: Path
+) -> None:
+    """A plugin that fails to import carries the file of the error (the innermost frame in the plugin)."""
+    for name, (value, files, _) in BROKEN_KINDS.items():
+        for relative, source in files.items():
+            (site / relative).parent.mkdir(parents=True, exist_ok=True)
+            (site / relative).write_text(source)
+        write_dist(
+            site, name.replace("_", "-"), "0.1", entry_points={"ascend_patch": {name: value}}
+        )
+    env = clean_env(tmp_path, site)
+
+    _, result = doctor(tmp_path, env, "--json", "--plugins", ",".join(BROKEN_KINDS))
+
+    plugins = {p["name"]: p for p in result["plugins"]}
+    for name, (_, _, where) in BROKEN_KINDS.items():
+        plugin = plugins[name]
+        assert plugin["status"] == "broken", plugin
+        expected = None if where is None else str(site / where)
+        assert plugin["file"] == expected, (name, plugin["reason"])
+        if expected:
+            assert f"({expected})" in plugin["reason"]
+    broken = [m for m in findings(result, "plugin-broken") if "apx_fail_dep" in m]
+    assert broken and str(site / "apx_fail_dep.py") in broken[0]
