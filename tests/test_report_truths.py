@@ -674,3 +674,20 @@ def test_the_demo_s_numbers_add_up() -> None:
     rows = [line for line in lines[listed:] if re.match(r"^ +\d+  \S", line)]
     other = re.search(r"in the other (\d+) patches", done.stdout)
     assert len(rows) - (1 if other else 0) + (int(other[1]) if other else 0) == called
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.mark.parametrize("page", ["cli.md", "cli.zh-CN.md", "report-schema.md"])
+def test_docs_quote_no_patch_count_without_saying_where_it_comes_from(page: str) -> None:
+    """docs/cli.md said "217 patches" where doctor said 237: a count the plugins change
+    is either not quoted, or quoted with where today's number comes from."""
+    text = (DOCS / page).read_text()
+    for block in re.findall(r"```json\n(.*?)```\n\n(.*?)\n\n", text, flags=re.S):
+        if re.search(r'"(patches|applicable)": \d+', block[0]):
+            assert "illustrative" in block[1], block[1]
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for paragraph in prose.split("\n\n"):
+        if re.search(r"\b\d+ (patches|个补丁)\b", paragraph):
+            assert "ascend-patch doctor" in " ".join(paragraph.split()), paragraph
