@@ -7,6 +7,7 @@ line that made it. The Patcher reads it at apply() time.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -164,7 +165,7 @@ class PatcherConfig:
         env_enabled: frozenset[str],
         ledger: Ledger,
         groups: dict[str, Any],
-        plugin_names: set[str],
+        plugin_names: AbstractSet[str],
         strict: bool,
     ) -> None:
         """Warn about (strict: raise on) names in disable()/enable()/ASCEND_PATCH_ENABLE
