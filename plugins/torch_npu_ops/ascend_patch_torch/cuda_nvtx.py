@@ -19,9 +19,9 @@ torch.cuda.nvtx     ``mstx`` has the function       otherwise
 ==================  =============================  =======================================
 
 ``torch.cuda.nvtx.range`` (context manager and decorator) calls ``range_push`` and
-``range_pop`` and so follows. Where there is no ``mstx`` at all (the NPU emulator, an
-old torch_npu) the calls succeed and keep nvtx's depth counting, and the markers go
-nowhere: there is no profiler to take them, and annotations must not stop a program.
+``range_pop`` and so follows. Where there is no ``mstx`` at all (a torch_npu from before
+it) the calls succeed and keep nvtx's depth counting, and the markers go nowhere: there
+is no profiler to take them, and annotations must not stop a program.
 
 Importing this module does not import torch.
 """

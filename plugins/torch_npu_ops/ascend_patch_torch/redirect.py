@@ -79,6 +79,7 @@ def redirect_patch(
 # --------------------------------------------------------------------------- factories
 
 # Factories whose device is keyword-only. torch reads an int there as a device index.
+# (transfer_to_npu also wraps frombuffer, which takes no device.)
 _KEYWORD_FACTORIES = (
     "arange",
     "as_tensor",
@@ -92,7 +93,6 @@ _KEYWORD_FACTORIES = (
     "empty_strided",
     "eye",
     "from_file",
-    "frombuffer",
     "full",
     "full_like",
     "hamming_window",

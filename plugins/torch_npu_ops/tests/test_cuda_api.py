@@ -106,8 +106,23 @@ def test_nvtx_fails_on_this_cpu_build_without_the_plugin(npu_emulator):
         torch.cuda.nvtx.range_push("step")
 
 
-def test_nvtx_without_mstx_keeps_the_depth_and_runs(redirect, calls):
-    assert not hasattr(torch.npu, "mstx") or pytest.fail("the emulator grew an mstx: test both")
+def test_nvtx_goes_to_the_emulated_mstx(redirect, calls):
+    mstx = torch.npu.mstx  # the emulator keeps marks in memory
+    marks = len(mstx.marks)
+    with torch.cuda.nvtx.range("forward {}", 1):
+        assert torch.cuda.nvtx.range_push("inner") == 1
+        torch.cuda.nvtx.mark("loss")
+        assert torch.cuda.nvtx.range_pop() == 1
+    assert mstx.marks[marks:] == ["loss"]
+    handle = torch.cuda.nvtx.range_start("io")
+    assert mstx._open[handle] == "io"
+    torch.cuda.nvtx.range_end(handle)
+    assert handle not in mstx._open
+    assert calls("torch.cuda.nvtx.range_push") == (2, 0)
+
+
+def test_nvtx_without_mstx_keeps_the_depth_and_runs(redirect, calls, monkeypatch):
+    monkeypatch.delattr(torch.npu, "mstx", raising=False)  # a torch_npu older than mstx
     assert torch.cuda.nvtx.range_push("outer") == 0
     assert torch.cuda.nvtx.range_push("inner") == 1
     assert torch.cuda.nvtx.range_pop() == 1
@@ -165,7 +180,7 @@ class _Mstx:
 
 
 @pytest.mark.parametrize("with_push", [True, False], ids=["mstx-push-pop", "mstx-start-end"])
-def test_nvtx_goes_to_torch_npu_mstx(redirect, monkeypatch, with_push):
+def test_nvtx_goes_to_the_mstx_functions_torch_npu_has(redirect, monkeypatch, with_push):
     mstx = _Mstx(with_push=with_push)
     monkeypatch.setattr(torch.npu, "mstx", mstx, raising=False)
     with torch.cuda.nvtx.range("forward"):
@@ -183,14 +198,23 @@ def test_nvtx_goes_to_torch_npu_mstx(redirect, monkeypatch, with_push):
 # --------------------------------------------------------------------------- allocator
 
 
-def test_change_current_allocator_goes_to_torch_npu(redirect, calls, monkeypatch):
-    seen = []
-    monkeypatch.setattr(torch.npu, "change_current_allocator", seen.append, raising=False)
-    allocator = object()
-    torch.cuda.change_current_allocator(allocator)
-    torch.cuda.memory.change_current_allocator(allocator)
-    assert seen == [allocator, allocator]
+def test_change_current_allocator_and_use_mem_pool_go_to_torch_npu(redirect, calls):
+    before = torch.npu.memory._get_current_allocator()
+    allocator = torch.npu.memory._NPUAllocator("mine")
+    try:
+        torch.cuda.change_current_allocator(allocator)
+        assert torch.npu.memory._get_current_allocator() is allocator
+        torch.cuda.memory.change_current_allocator(before)
+        assert torch.npu.memory._get_current_allocator() is before
+    finally:
+        torch.npu.change_current_allocator(before)
     assert calls("torch.cuda.change_current_allocator") == (2, 0)
+    pool = torch.cuda.MemPool()
+    for device in ("cuda:0", torch.device("cuda", 0), 0, None):
+        with torch.cuda.use_mem_pool(pool, device=device):
+            assert pool.use_count() == 2
+    assert pool.use_count() == 1
+    assert calls("torch.cuda.use_mem_pool") == (4, 0)
 
 
 def test_a_torch_npu_without_the_function_says_what_to_do(redirect, monkeypatch):

@@ -263,12 +263,18 @@ def test_streams_and_events_are_npu_streams_and_events(redirect):
 
 def test_legacy_tensor_types_keep_their_dtype(redirect):
     # transfer_to_npu made torch.cuda.DoubleTensor a float32 type.
-    for name in ("DoubleTensor", "FloatTensor", "HalfTensor", "LongTensor"):
-        record = redirect.report.get(f"torch.cuda.{name}")
-        if record.status.value == "applied":
-            assert getattr(torch.cuda, name) is getattr(torch.npu, name)
-        else:
-            assert record.status.value == "skipped"  # this torch_npu has no such type
+    for name, dtype in (
+        ("DoubleTensor", torch.float64),
+        ("FloatTensor", torch.float32),
+        ("HalfTensor", torch.float16),
+        ("LongTensor", torch.int64),
+    ):
+        assert redirect.report.get(f"torch.cuda.{name}").status.value == "applied"
+        assert getattr(torch.cuda, name) is getattr(torch.npu, name)
+        made = getattr(torch.cuda, name)([1, 2])
+        assert made.dtype is dtype and made.is_npu
+        assert isinstance(torch.zeros(2, dtype=dtype, device="cuda"), getattr(torch.cuda, name))
+    assert torch.ones(2, device="cuda").type(torch.cuda.DoubleTensor).dtype is torch.float64
 
 
 def test_bf16_support_query(redirect):
