@@ -51,8 +51,8 @@ def proxy_of(
     ``isinstance`` for; ``module`` and ``doc`` are what the stand-in shows.
     """
     params = tuple(params)
-    base = original if base is None else base
-    base_meta = type(base)
+    root: type = original if base is None else base
+    base_meta = type(root)
 
     class ProxyMeta(base_meta):  # type: ignore[misc, valid-type]
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -63,17 +63,17 @@ def proxy_of(
 
         def __instancecheck__(cls, obj: Any) -> bool:
             if cls is proxy:
-                return isinstance(obj, base)
+                return isinstance(obj, root)
             return bool(super().__instancecheck__(obj))
 
         def __subclasscheck__(cls, sub: Any) -> bool:
             if cls is proxy:
-                return issubclass(sub, base)
+                return issubclass(sub, root)
             return bool(super().__subclasscheck__(sub))
 
     name = original.__name__
     ProxyMeta.__name__ = f"{name}ProxyMeta"
-    proxy = ProxyMeta(name, (base,), {"__module__": module, "__doc__": doc})
+    proxy = ProxyMeta(name, (root,), {"__module__": module, "__doc__": doc})
     proxy.__qualname__ = name
     return proxy
 

@@ -210,10 +210,9 @@ def _items() -> Iterator[Item]:
         "graphs to `torch.npu`",
     )
     for name in ("profile", "schedule", "tensorboard_trace_handler", "ProfilerAction"):
-        by = (f"torch.profiler.{name} -> torch_npu.profiler",)
-        yield Item(
-            "profiler", f"torch.profiler.{name}", by + ((_PROFILE_EMULATED,) * (name == "profile"))
-        )
+        to_npu = f"torch.profiler.{name} -> torch_npu.profiler"
+        covering = (to_npu, _PROFILE_EMULATED) if name == "profile" else (to_npu,)
+        yield Item("profiler", f"torch.profiler.{name}", covering)
     for activity in ("CUDA", "CPU"):
         yield Item(
             "profiler",
