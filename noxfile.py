@@ -342,3 +342,20 @@ def demo(session: nox.Session) -> None:
         session.error(f"The demo is missing: {script.relative_to(ROOT)} does not exist yet.")
     install_project(session)
     session.run("python", str(script.relative_to(ROOT)), *session.posargs)
+
+
+@nox.session(python=PYTHON, tags=["ci"])
+def openmmlab_emulated(session: nox.Session) -> None:
+    """mmengine/mmdet import and index their structures under ``run --emulate-npu``.
+
+    mmcv-lite 2.1.0, mmengine 0.10.7 and mmdet 3.3.0 (pure wheels, nothing built);
+    one subprocess under the emulator: about a minute to install, seconds to test.
+    """
+    install_project(session)
+    session.install("-r", "requirements/openmmlab-emulated.txt")
+    session.run(
+        "pytest",
+        "tests/test_openmmlab_emulated.py",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "openmmlab-emulated"},
+    )

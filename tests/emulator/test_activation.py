@@ -317,3 +317,19 @@ def test_differentiable_op_marks_non_differentiable_outputs(npu_emulator):
     assert y.requires_grad and not rstd.requires_grad
     y.sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_torch_npu_submodules_import_under_torch_npu_too():
+    # mmengine 0.10.7: ``from torch.npu.amp import GradScaler`` (optim/amp_optimizer_wrapper.py).
+    with emulator.activate():
+        import torch_npu
+        from torch.npu.amp import GradScaler
+        from torch.npu.memory import memory_allocated
+
+        assert GradScaler is torch_npu.npu.amp.GradScaler
+        assert memory_allocated() == 0
+        assert sys.modules["torch.npu.amp"] is sys.modules["torch_npu.npu.amp"]
+        assert importlib.import_module("torch.npu.utils") is torch_npu.npu.utils
+    assert "torch.npu.amp" not in sys.modules
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("torch.npu.amp")

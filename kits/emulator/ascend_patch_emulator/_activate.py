@@ -151,8 +151,7 @@ def resolve_device_count(device_count: int | None = None) -> int:
         if text:
             if not text.isdigit() or int(text) < 1:
                 raise ValueError(
-                    f"{DEVICES_VARIABLE} must be a positive number of NPUs to emulate, "
-                    f"got {text!r}"
+                    f"{DEVICES_VARIABLE} must be a positive number of NPUs to emulate, got {text!r}"
                 )
             return int(text)
         local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()

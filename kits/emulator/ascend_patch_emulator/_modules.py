@@ -9,7 +9,8 @@ instead).
 What exists: ``torch_npu`` (every op of the version as ``torch_npu.<op>``, which
 is ``torch.ops.npu.<op>`` as in the real package; ``__version__``; ``Format``),
 ``torch_npu.npu`` (= ``torch.npu``) with ``torch_npu.npu.amp``,
-``torch_npu.npu.memory`` and ``torch_npu.npu.utils``, ``torch_npu.utils``,
+``torch_npu.npu.memory`` and ``torch_npu.npu.utils`` (importable as ``torch.npu.amp``
+& co. too, as with torch_npu), ``torch_npu.utils``,
 ``torch_npu.version`` and an empty
 ``torch_npu.contrib``. ``torch_npu.contrib.transfer_to_npu`` refuses to import with
 an explanation: it rewrites torch globally with no undo.
@@ -41,6 +42,7 @@ __all__ = [
 
 ORIGIN = "emulated by ascend_patch_emulator"
 _ROOT = "torch_npu"
+_TORCH_NPU_ALIAS = "torch.npu."
 
 _REFUSED = {
     "torch_npu.contrib.transfer_to_npu": (
@@ -80,6 +82,14 @@ class EmulatedPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.modules = modules
         self._eager = eager
 
+    def _module_for(self, fullname: str) -> types.ModuleType | None:
+        module = self.modules.get(fullname)
+        if module is None and fullname.startswith(_TORCH_NPU_ALIAS):
+            # torch.npu is torch_npu.npu: its submodules import under both names
+            # (mmengine: ``from torch.npu.amp import GradScaler``).
+            module = self.modules.get(f"{_ROOT}.npu.{fullname[len(_TORCH_NPU_ALIAS) :]}")
+        return module
+
     def find_spec(
         self,
         fullname: str,
@@ -88,7 +98,7 @@ class EmulatedPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname in _REFUSED:
             return importlib.machinery.ModuleSpec(fullname, self, origin=ORIGIN)
-        module = self.modules.get(fullname)
+        module = self._module_for(fullname)
         if module is None:
             return None
         return importlib.machinery.ModuleSpec(
@@ -99,7 +109,9 @@ class EmulatedPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         refused = _REFUSED.get(spec.name)
         if refused is not None:
             raise ImportError(refused, name=spec.name)
-        return self.modules[spec.name]
+        module = self._module_for(spec.name)
+        assert module is not None  # find_spec found it
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
         spec = module.__spec__
@@ -110,8 +122,12 @@ class EmulatedPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def forget(self) -> None:
         """Take the emulated modules out of ``sys.modules`` (only those that are ours)."""
         for name, module in self.modules.items():
-            if sys.modules.get(name) is module:
-                del sys.modules[name]
+            aliases = [name]
+            if name.startswith(f"{_ROOT}.npu."):
+                aliases.append(_TORCH_NPU_ALIAS + name[len(f"{_ROOT}.npu.") :])
+            for alias in aliases:
+                if sys.modules.get(alias) is module:
+                    del sys.modules[alias]
 
 
 def _module(name: str, doc: str, *, package: bool = False) -> types.ModuleType:
