@@ -5,6 +5,7 @@ torch._cudnn_init_dropout_state), under the NPU emulator.
 
 from __future__ import annotations
 
+import importlib
 import json
 import types
 
@@ -274,8 +275,8 @@ def test_memory_timeline_device_with_a_real_torch_npu_profiler(npu_emulator, mon
     fake.ProfilerActivity = types.SimpleNamespace(CPU="cpu", NPU="npu")
     monkeypatch.setitem(sys.modules, "torch_npu.profiler", fake)
     monkeypatch.delitem(sys.modules, "ascend_patch_torch._npu_profiler", raising=False)
-    from ascend_patch_torch import _npu_profiler
-
+    # Imported afresh against the stand-in (an earlier import may have bound another one).
+    _npu_profiler = importlib.import_module("ascend_patch_torch._npu_profiler")
     prof = _npu_profiler.profile()
     prof.export_memory_timeline("a.json", device="cuda:0")
     prof.export_memory_timeline("b.json", torch.device("cuda", 1))

@@ -101,6 +101,7 @@ def _applied(monkeypatch: pytest.MonkeyPatch, npu_profiler: bool) -> Iterator[Pa
             yield patcher
         finally:
             patcher.revert()
+            # Built against the stand-in: the next import must build it again.
             sys.modules.pop("ascend_patch_torch._npu_profiler", None)
 
 
