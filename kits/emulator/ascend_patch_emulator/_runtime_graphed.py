@@ -108,7 +108,7 @@ class _Captured:
     def graphed(self) -> Callable[..., Any]:
         captured = self
 
-        class Graphed(torch.autograd.Function):
+        class Graphed(torch.autograd.Function):  # type: ignore[misc]
             @staticmethod
             def forward(ctx: Any, *inputs: Any) -> Any:
                 for static, given in zip(captured.flat_args, inputs, strict=False):
@@ -118,7 +118,7 @@ class _Captured:
                 return tuple(o.detach() for o in captured.outputs)
 
             @staticmethod
-            @torch.autograd.function.once_differentiable
+            @torch.autograd.function.once_differentiable  # type: ignore[untyped-decorator]
             def backward(ctx: Any, *grads: Any) -> Any:
                 for static, given in zip(captured.grad_outputs, grads, strict=True):
                     if static is not None and static.data_ptr() != given.data_ptr():

@@ -124,7 +124,7 @@ def _written_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return written
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(TorchDispatchMode):  # type: ignore[misc]
     """Records (and runs) the ops of a capture; saves what capture overwrites."""
 
     def __init__(self) -> None:
@@ -220,7 +220,7 @@ class NPUGraph:
                 "capture, it's ok to replay them on the default stream.)"
             )
         self.reset()
-        self._pool = tuple(pool) if pool is not None else graph_pool_handle()  # type: ignore[assignment]
+        self._pool = tuple(pool) if pool is not None else graph_pool_handle()
         self._stream = stream
         self._recorder = _Recorder()
         _capturing.stream = stream
@@ -308,7 +308,8 @@ class graph:
     def __enter__(self) -> None:
         self.stream_ctx.__enter__()
         try:
-            self.npu_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+            pool = self.pool[0] if self.pool else None
+            self.npu_graph.capture_begin(pool, capture_error_mode=self.capture_error_mode)
         except BaseException:
             self.stream_ctx.__exit__(None, None, None)
             raise

@@ -104,7 +104,7 @@ class _TensorType(type):
 
 
 def _tensor_type(prefix: str, dtype: torch.dtype) -> type:
-    def refuse_subclass(sub: type, **kwargs: Any) -> None:
+    def refuse_subclass(sub: type[Any], /, **kwargs: Any) -> None:
         raise TypeError(f"type '{_MODULE}.{prefix}Tensor' is not an acceptable base type")
 
     namespace = {
@@ -117,14 +117,14 @@ def _tensor_type(prefix: str, dtype: torch.dtype) -> type:
     return _TensorType(f"{prefix}Tensor", (), namespace)
 
 
-class _EmulatedLegacyStorageMeta(_LegacyStorageMeta):
+class _EmulatedLegacyStorageMeta(_LegacyStorageMeta):  # type: ignore[misc]
     def __instancecheck__(cls, instance: Any) -> bool:
         if type(instance) is TypedStorage:
             return instance.device.type in ("cpu", "npu") and instance.dtype == cls._dtype
         return False
 
 
-class _NPULegacyStorage(_LegacyStorage, metaclass=_EmulatedLegacyStorageMeta):
+class _NPULegacyStorage(_LegacyStorage, metaclass=_EmulatedLegacyStorageMeta):  # type: ignore[misc]
     """``torch.npu.<T>Storage``: torch's legacy storage on the (emulated) NPU.
 
     ``__module__`` is ``torch.npu``, so torch's own ``_LegacyStorage.__new__`` asks for
@@ -132,7 +132,7 @@ class _NPULegacyStorage(_LegacyStorage, metaclass=_EmulatedLegacyStorageMeta):
     existing storage accepts host storages, since emulated NPU storages are those.
     """
 
-    def __new__(  # type: ignore[misc]
+    def __new__(
         cls,
         *args: Any,
         wrap_storage: Any = None,
@@ -218,13 +218,13 @@ def patch_tensor_type() -> Undo:
 
     type.__doc__ = original.__doc__
     type.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.Tensor.type = type  # type: ignore[method-assign, assignment]
+    torch.Tensor.type = type
 
     def undo() -> None:
         if shadowed is None:
             del torch.Tensor.type
         else:
-            torch.Tensor.type = shadowed  # type: ignore[method-assign]
+            torch.Tensor.type = shadowed
 
     return undo
 
