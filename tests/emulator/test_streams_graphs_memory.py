@@ -322,6 +322,11 @@ def test_mstx_marks_and_ranges(npu_emulator):
     mstx.mark("step")
     assert mstx.marks[-1] == "step"
     assert mstx.range_push("outer") == 0
+    depth_elsewhere = []
+    worker = threading.Thread(target=lambda: depth_elsewhere.append(mstx.range_push("w")))
+    worker.start()
+    worker.join()
+    assert depth_elsewhere == [0]  # ranges nest per thread, as NVTX's
     assert mstx.range_push("inner") == 1
     assert mstx.range_pop() == 1 and mstx.range_pop() == 0 and mstx.range_pop() == -1
     range_id = mstx.range_start("io")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -16,16 +18,23 @@ __all__ = ["mstx"]
 class mstx:
     """``torch.npu.mstx``: profiler marks and ranges, kept in memory (no profiler is attached).
 
-    ``range_push`` returns the depth of the new range (0 for the outermost) and
-    ``range_pop`` the depth of the range it ends (-1 with none open), as NVTX does;
-    ``range_start`` returns an id for ``range_end``. Invalid arguments warn and
-    return -1 / 0, as torch_npu's do.
+    ``marks`` holds the last 1024 marks. ``range_push`` returns the depth of the new
+    range in this thread (0 for the outermost) and ``range_pop`` the depth of the range
+    it ends (-1 with none open), as NVTX does; ``range_start`` returns an id for
+    ``range_end``. Invalid arguments warn and return -1 / 0, as torch_npu's do.
     """
 
-    marks: ClassVar[list[str]] = []
-    _stack: ClassVar[list[str]] = []
+    marks: ClassVar[collections.deque[str]] = collections.deque(maxlen=1024)
+    _threads = threading.local()
     _open: ClassVar[dict[int, str]] = {}
     _ids = itertools.count(1)
+
+    @staticmethod
+    def _stack() -> list[str]:
+        stack: list[str] | None = getattr(mstx._threads, "stack", None)
+        if stack is None:
+            stack = mstx._threads.stack = []
+        return stack
 
     @staticmethod
     def mark(message: str, stream: Any = None, domain: str = "default") -> None:
@@ -36,15 +45,17 @@ class mstx:
     def range_push(message: str, stream: Any = None, domain: str = "default") -> int:
         if not mstx._valid("range_push", message, domain):
             return -1
-        mstx._stack.append(message)
-        return len(mstx._stack) - 1
+        stack = mstx._stack()
+        stack.append(message)
+        return len(stack) - 1
 
     @staticmethod
     def range_pop(domain: str = "default") -> int:
-        if not mstx._stack:
+        stack = mstx._stack()
+        if not stack:
             return -1
-        mstx._stack.pop()
-        return len(mstx._stack)
+        stack.pop()
+        return len(stack)
 
     @staticmethod
     def range_start(message: str, stream: Any = None, domain: str = "default") -> int:
