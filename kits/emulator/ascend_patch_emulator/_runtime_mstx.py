@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import threading
@@ -14,17 +13,20 @@ from typing import ClassVar
 
 __all__ = ["mstx"]
 
+#: Marks kept in memory: a mark per training step must not grow without bound.
+_KEPT_MARKS = 1024
+
 
 class mstx:
     """``torch.npu.mstx``: profiler marks and ranges, kept in memory (no profiler is attached).
 
-    ``marks`` holds the last 1024 marks. ``range_push`` returns the depth of the new
-    range in this thread (0 for the outermost) and ``range_pop`` the depth of the range
-    it ends (-1 with none open), as NVTX does; ``range_start`` returns an id for
-    ``range_end``. Invalid arguments warn and return -1 / 0, as torch_npu's do.
+    ``marks`` lists the recent marks (trimmed to the last 1024 once past 2048).
+    ``range_push`` returns the depth of the new range in this thread (0 for the
+    outermost) and ``range_pop`` the depth of the range it ends (-1 with none open), as
+    NVTX does; ``range_start`` returns an id for ``range_end``. Invalid arguments warn and return -1 / 0, as torch_npu's do.
     """
 
-    marks: ClassVar[collections.deque[str]] = collections.deque(maxlen=1024)
+    marks: ClassVar[list[str]] = []
     _threads = threading.local()
     _open: ClassVar[dict[int, str]] = {}
     _ids = itertools.count(1)
@@ -40,6 +42,8 @@ class mstx:
     def mark(message: str, stream: Any = None, domain: str = "default") -> None:
         if mstx._valid("mark", message, domain):
             mstx.marks.append(message)
+            if len(mstx.marks) > 2 * _KEPT_MARKS:
+                del mstx.marks[:-_KEPT_MARKS]
 
     @staticmethod
     def range_push(message: str, stream: Any = None, domain: str = "default") -> int:
