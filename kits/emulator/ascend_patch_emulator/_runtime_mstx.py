@@ -23,7 +23,8 @@ class mstx:
     ``marks`` lists the recent marks (trimmed to the last 1024 once past 2048).
     ``range_push`` returns the depth of the new range in this thread (0 for the
     outermost) and ``range_pop`` the depth of the range it ends (-1 with none open), as
-    NVTX does; ``range_start`` returns an id for ``range_end``. Invalid arguments warn and return -1 / 0, as torch_npu's do.
+    NVTX does; ``range_start`` returns an id for ``range_end``. Invalid arguments warn
+    and return -1 / 0, as torch_npu's do.
     """
 
     marks: ClassVar[list[str]] = []
