@@ -191,16 +191,50 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="GLOB",
         help="skip matching paths (repeatable)",
     )
-    scan.add_argument("--check", action="store_true", help="exit 1 when a finding is not covered")
+    scan.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a finding is not covered or a file could not be scanned",
+    )
     _selection_options(scan, what="whose declarations do not count")
     return parser, run
+
+
+#: Exit status when the reader of our output went away (``ascend-patch doctor --json | head``):
+#: 128 + SIGPIPE, what a shell reports for a Unix tool killed by SIGPIPE.
+PIPE_CLOSED_STATUS = 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser, run_parser = _parser()
     if args and args[0] == "run":
+        # The program's output is the program's business, as under python.
         return _run(run_parser, args[1:])
+    try:
+        try:
+            status = _command(parser, args)
+        finally:  # --help's SystemExit too: flush here, not at exit, to catch a closed pipe
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return PIPE_CLOSED_STATUS
+    return status
+
+
+def _stdout_to_devnull() -> None:
+    """Quiet exit on a closed pipe, the recipe of Python's signal docs (SIGPIPE)."""
+    import os
+
+    # Python flushes stdout again at exit; pointed at devnull that flush cannot fail.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (stdout replaced)
+        pass
+
+
+def _command(parser: argparse.ArgumentParser, args: list[str]) -> int:
     ns = parser.parse_args(args)
     if ns.version:
         print(_version_text(verbose=ns.version > 1))
@@ -261,7 +295,7 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
         print(_scan.render(result, verbose=ns.verbose, stream=sys.stdout))
-    return 1 if ns.check and result["summary"]["not_covered"] else 0
+    return _scan.exit_status(result, check=ns.check)
 
 
 def _run(run_parser: argparse.ArgumentParser, args: list[str]) -> int:

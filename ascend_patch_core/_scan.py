@@ -36,6 +36,7 @@ __all__ = [
     "SCHEMA",
     "CoverageIndex",
     "Finding",
+    "exit_status",
     "render",
     "scan",
     "scan_source",
@@ -139,9 +140,15 @@ def scan(
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             errors.append({"path": relative, "line": None, "error": f"{type(exc).__name__}: {exc}"})
             continue
+        except (RecursionError, MemoryError) as exc:
+            # Nested beyond what Python's parser can hold even with room to recurse:
+            # CPython cannot compile the file either.
+            reason = f"{type(exc).__name__}: too deeply nested for Python's parser"
+            errors.append({"path": relative, "line": None, "error": reason})
+            continue
         files_with += bool(found)
         for finding in found:
-            covered_by, possibly = index.covering(finding.candidates)
+            is_covered, covered_by, possibly = index.judge(finding.candidates, finding.uses)
             findings.append(
                 {
                     "rule": finding.rule,
@@ -152,7 +159,8 @@ def scan(
                     "code": finding.code,
                     "guarded": finding.guarded,
                     "candidates": list(finding.candidates),
-                    "covered": bool(covered_by),
+                    "uses": [list(group) for group in finding.uses],
+                    "covered": is_covered,
                     "covered_by": covered_by,
                     "possibly_covered_by": possibly,
                 }
@@ -207,3 +215,18 @@ def _gap_symbol(finding: dict[str, Any]) -> str:
     if finding["rule"] in ("cuda-device", "nccl", "cuda-extension"):
         return str(finding["symbol"]).partition("(")[0] or str(finding["symbol"])
     return str(finding["symbol"])
+
+
+def exit_status(result: dict[str, Any], *, check: bool = False) -> int:
+    """The exit status of ``ascend-patch scan`` for ``result`` (docs/cli.md).
+
+    1 when files were found but none could be scanned (the report would claim a clean
+    codebase it never read); with ``check``, also when a finding is not covered or any
+    file could not be scanned (a file not read cannot be vouched for; ``--exclude`` it).
+    """
+    errors = len(result["parse_errors"])
+    if errors and errors == result["files_scanned"]:
+        return 1
+    if check and (result["summary"]["not_covered"] or errors):
+        return 1
+    return 0

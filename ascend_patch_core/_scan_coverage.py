@@ -3,7 +3,11 @@
 Coverage is decided from declarations alone (see docs/cli.md, "What covers a
 finding"): a finding is covered when a patch targets one of its *candidate*
 targets (or an object containing or contained in it), or an import rule serves
-its module. Module hooks only ever *possibly* cover one.
+its module. A candidate is also looked up where the installed library defines it
+(:mod:`._scan_library`), so ``torch.cuda.amp.GradScaler`` is judged by the patch of
+``torch.amp.grad_scaler.GradScaler.__init__`` that the run applies. A device value
+consumed elsewhere is covered when each of its uses is (:mod:`._scan_values`).
+Module hooks only ever *possibly* cover a finding.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._declarations import Inventory
+from ._scan_library import Definition
+from ._scan_library import LibrarySource
 from ._scan_rules import matches_module
 
 
@@ -26,9 +32,15 @@ class CoverageIndex:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.hooks: list[tuple[str, dict[str, Any]]] = []
         self.rules: list[tuple[str, str | None, dict[str, Any]]] = []
+        self._library: LibrarySource | None = None
         if inventory is None:
             return
         for patch in inventory.patches():
+            if patch.verdict is not None:
+                # Disabled, an opt-in group not enabled, a broken declaration: the run
+                # would not apply it, so it covers nothing. (A library missing here is
+                # another machine's question: doctor's, not scan's.)
+                continue
             entry = {
                 "plugin": patch.plugin,
                 "kind": patch.kind,
@@ -51,6 +63,25 @@ class CoverageIndex:
                 (rule.kind, rule.attribute, {**entry, "module": rule.module, "applicable": True})
             )
 
+    def judge(
+        self, candidates: Iterable[str], uses: Iterable[Iterable[str]] = ()
+    ) -> tuple[bool, list[dict[str, Any]], list[dict[str, Any]]]:
+        """Whether a finding is covered, what covers it, and which module hooks might.
+
+        Covered by a candidate, or -- for a device value -- by covering every use.
+        """
+        covered_by, possibly = self.covering(candidates)
+        groups = [self.covering(group) for group in uses]
+        by_uses = bool(groups) and all(found for found, _ in groups)
+        if by_uses:
+            covered_by += [entry for found, _ in groups for entry in found]
+        possibly += [entry for _, maybe in groups for entry in maybe]
+        return (
+            bool(covered_by),
+            _unique(covered_by),
+            _unique(possibly),
+        )
+
     def covering(
         self, candidates: Iterable[str]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -62,24 +93,44 @@ class CoverageIndex:
         """
         found: dict[tuple[str, str, str], dict[str, Any]] = {}
         possible: dict[tuple[str, str], dict[str, Any]] = {}
-        for candidate in candidates:
-            for target, entry in self.patches:
-                if matches_module(candidate, target) or target.startswith(candidate + "."):
-                    found.setdefault((entry["plugin"], entry["kind"], target), entry)
-            for kind, attribute, entry in self.rules:
-                module = entry["module"]
-                hit = (
-                    candidate == f"{module}.{attribute}"
-                    if kind == "inject"
-                    else matches_module(candidate, module)
-                )
-                if hit:
-                    found.setdefault((entry["plugin"], "rule", entry["name"]), entry)
-            containers = _containers(candidate)
+        for literal in candidates:
+            for candidate in (Definition(literal), *self._definitions(literal)):
+                self._match(candidate, found)
+            containers = _containers(literal)
             for pattern, entry in self.hooks:
                 if any(fnmatch.fnmatchcase(c, pattern) for c in containers):
                     possible.setdefault((entry["plugin"], pattern), entry)
         return [_public(e) for e in found.values()], [_public(e) for e in possible.values()]
+
+    def _definitions(self, name: str) -> tuple[Definition, ...]:
+        if self._library is None:
+            self._library = LibrarySource()
+        return self._library.definitions(name)
+
+    def _match(
+        self, candidate: Definition, found: dict[tuple[str, str, str], dict[str, Any]]
+    ) -> None:
+        name = candidate.name
+        inside_counts = candidate.role != "base"
+        for target, entry in self.patches:
+            if matches_module(name, target) or (inside_counts and target.startswith(name + ".")):
+                found.setdefault((entry["plugin"], entry["kind"], target), entry)
+        for kind, attribute, entry in self.rules:
+            module = entry["module"]
+            hit = (
+                name == f"{module}.{attribute}"
+                if kind == "inject"
+                else matches_module(name, module)
+            )
+            if hit:
+                found.setdefault((entry["plugin"], "rule", entry["name"]), entry)
+
+
+def _unique(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for entry in entries:
+        seen.setdefault((entry["plugin"], entry["kind"], entry["target"], entry["name"]), entry)
+    return list(seen.values())
 
 
 def _public(entry: dict[str, Any]) -> dict[str, Any]:

@@ -6,14 +6,23 @@ report, so each of them names rules and modules the same way.
 
 from __future__ import annotations
 
+import re
 
-__all__ = ["CUDA_ONLY_MODULES", "RULES", "cuda_only", "matches_module"]
+
+__all__ = [
+    "CUDA_ONLY_MODULES",
+    "DEVICE_KEYWORDS",
+    "RULES",
+    "cuda_only",
+    "is_cuda_string",
+    "matches_module",
+]
 
 #: Rule id -> what it finds.
 RULES: dict[str, str] = {
     "cuda-call": "a .cuda() call",
     "torch-cuda": "the torch.cuda API (use or import)",
-    "cuda-device": 'a CUDA device given as "cuda", "cuda:N" or an integer index',
+    "cuda-device": 'a CUDA device ("cuda", "cuda:N", an index) given to a call or as a default',
     "nccl": "the NCCL backend",
     "cuda-import": "an import of a CUDA-only package",
     "cuda-extension": "a CUDA extension built or loaded with torch.utils.cpp_extension",
@@ -35,6 +44,15 @@ CUDA_ONLY_MODULES: dict[str, str] = {
     "pycuda": "PyCUDA",
     "bitsandbytes": "bitsandbytes CUDA kernels",
 }
+
+
+#: Keyword arguments that name a device.
+DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
+
+
+def is_cuda_string(value: object) -> bool:
+    """``"cuda"`` or ``"cuda:N"``."""
+    return isinstance(value, str) and re.fullmatch(r"cuda(:\d+)?", value) is not None
 
 
 def matches_module(name: str, module: str) -> bool:

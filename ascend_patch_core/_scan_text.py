@@ -91,8 +91,13 @@ def render(
 
     total = summary["findings"]
     gap = summary["not_covered"]
+    unread = len(result["parse_errors"])
     lines.append("")
-    if total == 0:
+    if unread and unread == result["files_scanned"]:
+        lines.append(
+            style.level("error", f"Nothing was scanned: none of the {unread} Python files parses.")
+        )
+    elif total == 0:
         lines.append(style.level("ok", "No CUDA-only constructs found."))
     else:
         share = round(100 * gap / total)
@@ -105,4 +110,6 @@ def render(
             lines.append(
                 "Most frequent: " + ", ".join(f"{s['symbol']} ({s['count']})" for s in top)
             )
+    if unread and unread < result["files_scanned"]:
+        lines.append(f"Not scanned: {unread} of {result['files_scanned']} files (listed above).")
     return "\n".join(lines)

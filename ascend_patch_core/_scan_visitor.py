@@ -1,25 +1,31 @@
 """The finder of ``ascend-patch scan``: one module's source in, its findings out.
 
-An :class:`ast.NodeVisitor` over the parsed source: the code is never imported or
-run. Names are resolved through the file's own imports, so ``import torch as t``
-and ``from torch import cuda`` are seen for what they are.
+A walk over the parsed source: the code is never imported or run. Names are
+resolved through the file's own imports, so ``import torch as t`` and ``from torch
+import cuda`` are seen for what they are. The walk keeps its own stack instead of
+recursing, so a valid file of any depth (``x = a + a + ... + a`` with thousands of
+terms, long call chains) is scanned like any other (:mod:`._scan_parse` parses it).
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterable
 from typing import Any
 from typing import NamedTuple
 
+from ._scan_parse import parse
+from ._scan_rules import DEVICE_KEYWORDS
 from ._scan_rules import cuda_only
+from ._scan_rules import is_cuda_string
 from ._scan_rules import matches_module
+from ._scan_values import DeviceValues
+from ._scan_values import Uses
+from ._scan_values import parameter_defaults
 
 
 __all__ = ["Finding", "scan_source"]
 
-_DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
 _INDEX_KEYWORDS = ("device", "device_id")
 _DEVICE_FIRST_ARG = (
     "torch.device",
@@ -29,10 +35,9 @@ _DEVICE_FIRST_ARG = (
     "torch.set_default_device",
 )
 _CPP_EXTENSION = "torch.utils.cpp_extension"
-
-
-def _is_cuda_string(value: object) -> bool:
-    return isinstance(value, str) and re.fullmatch(r"cuda(:\d+)?", value) is not None
+#: A dotted name longer than this is no API (and building it for a 10,000-link chain costs).
+_MAX_NAME_PARTS = 32
+_TRY_NODES = tuple(getattr(ast, name) for name in ("Try", "TryStar") if hasattr(ast, name))
 
 
 def _is_index(value: object) -> bool:
@@ -50,16 +55,22 @@ class Finding(NamedTuple):
     guarded: bool
     #: Targets whose patching would cover this finding.
     candidates: tuple[str, ...]
+    #: For a device value consumed elsewhere: one group of candidates per use; it is
+    #: also covered when every use is (:mod:`._scan_values`).
+    uses: Uses = ()
 
 
-class _Scanner(ast.NodeVisitor):
+class _Scanner:
     def __init__(self, path: str, source: str) -> None:
         self.path = path
         self.lines = source.splitlines()
         self.aliases: dict[str, str] = {}
         self.findings: list[Finding] = []
-        self._guarded = 0
+        self.parents: dict[int, ast.AST] = {}
         self._done: set[int] = set()
+        self._resolved: dict[int, str | None] = {}
+        #: (index in findings, value node, parameter name) of device values.
+        self._values: list[tuple[int, ast.AST, str | None]] = []
 
     # -- names -----------------------------------------------------------------------
 
@@ -79,15 +90,28 @@ class _Scanner(ast.NodeVisitor):
                         self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
 
     def resolve(self, node: ast.AST) -> str | None:
-        """The dotted name an expression refers to, if it is an imported name or an attribute of one."""
-        if isinstance(node, ast.Name):
-            return self.aliases.get(node.id, "torch" if node.id == "torch" else None)
-        if isinstance(node, ast.Attribute):
-            base = self.resolve(node.value)
-            return f"{base}.{node.attr}" if base else None
-        return None
+        """The dotted name an expression refers to, if it is an imported name or an attribute of one.
 
-    def _callee_candidates(self, call: ast.Call) -> tuple[str, ...]:
+        Without recursion, and remembered per node: the walk asks for every link of a chain.
+        """
+        chain: list[ast.Attribute] = []
+        while isinstance(node, ast.Attribute) and id(node) not in self._resolved:
+            chain.append(node)
+            node = node.value
+        base: str | None
+        if isinstance(node, ast.Attribute):
+            base = self._resolved[id(node)]
+        elif isinstance(node, ast.Name):
+            base = self.aliases.get(node.id, "torch" if node.id == "torch" else None)
+        else:
+            base = None
+        for link in reversed(chain):
+            short = base is not None and base.count(".") < _MAX_NAME_PARTS
+            base = f"{base}.{link.attr}" if short else None
+            self._resolved[id(link)] = base
+        return base
+
+    def callee_candidates(self, call: ast.Call) -> tuple[str, ...]:
         callee = self.resolve(call.func)
         if callee:
             if callee.startswith("torch.distributed.") and ".distributed_c10d." not in callee:
@@ -119,7 +143,7 @@ class _Scanner(ast.NodeVisitor):
         *,
         guarded: bool = False,
         at: tuple[int, int] | None = None,
-    ) -> None:
+    ) -> int:
         line, col = (
             at if at is not None else (getattr(node, "lineno", 1), getattr(node, "col_offset", 0))
         )
@@ -129,45 +153,65 @@ class _Scanner(ast.NodeVisitor):
         self.findings.append(
             Finding(rule, self.path, line, col + 1, symbol, code, guarded, tuple(candidates))
         )
+        return len(self.findings) - 1
 
-    # -- visitors ----------------------------------------------------------------------
+    # -- the walk ----------------------------------------------------------------------
 
-    def visit_Try(self, node: ast.Try) -> None:
-        self._visit_try(node)
+    def walk(self, tree: ast.AST) -> None:
+        """Visit every node once, parents before children, in source order."""
+        stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+        while stack:
+            node, guarded = stack.pop()
+            children: list[tuple[ast.AST, bool]]
+            if isinstance(node, _TRY_NODES):
+                # Imports in the body of a try that catches ImportError are optional.
+                parts: Any = node
+                catches = guarded or any(_catches_import_error(h.type) for h in parts.handlers)
+                children = [(s, catches) for s in parts.body]
+                rest = (*parts.handlers, *parts.orelse, *parts.finalbody)
+                children += [(c, guarded) for c in rest]
+            elif self._visit(node, guarded):
+                children = [(c, guarded) for c in ast.iter_child_nodes(node)]
+            else:
+                continue
+            for child, child_guarded in reversed(children):
+                self.parents[id(child)] = node
+                stack.append((child, child_guarded))
 
-    def visit_TryStar(self, node: ast.AST) -> None:  # Python 3.11+
-        self._visit_try(node)
+    def _visit(self, node: ast.AST, guarded: bool) -> bool:
+        """Record what ``node`` is; whether to walk into its children."""
+        if isinstance(node, ast.Call):
+            self._call(node)
+        elif isinstance(node, ast.Attribute):
+            return self._attribute(node)
+        elif isinstance(node, ast.Name):
+            self._name(node)
+        elif isinstance(node, ast.Constant):
+            if id(node) not in self._done and node.value == "nccl":
+                self.add("nccl", node, '"nccl"', ("torch.distributed.init_process_group",))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                self._import(node, alias.name, guarded)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module:
+                for alias in node.names:
+                    name = node.module if alias.name == "*" else f"{node.module}.{alias.name}"
+                    self._import(node, name, guarded)
+        elif isinstance(node, ast.arguments):
+            self._defaults(node)
+        return True
 
-    def _visit_try(self, node: Any) -> None:
-        catches = any(_catches_import_error(h.type) for h in node.handlers)
-        self._guarded += int(catches)
-        for statement in node.body:
-            self.visit(statement)
-        self._guarded -= int(catches)
-        for part in (*node.handlers, *node.orelse, *node.finalbody):
-            self.visit(part)
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            self._import(node, alias.name)
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level or not node.module:
-            return
-        for alias in node.names:
-            self._import(node, node.module if alias.name == "*" else f"{node.module}.{alias.name}")
-
-    def _import(self, node: ast.AST, name: str) -> None:
+    def _import(self, node: ast.AST, name: str, guarded: bool) -> None:
         if matches_module(name, "torch.cuda"):
-            self.add("torch-cuda", node, name, (name,), guarded=self._guarded > 0)
+            self.add("torch-cuda", node, name, (name,), guarded=guarded)
         elif cuda_only(name):
-            self.add("cuda-import", node, name, (name,), guarded=self._guarded > 0)
+            self.add("cuda-import", node, name, (name,), guarded=guarded)
 
-    def visit_Attribute(self, node: ast.Attribute) -> None:
+    def _attribute(self, node: ast.Attribute) -> bool:
         dotted = self.resolve(node)
         if dotted and matches_module(dotted, "torch.cuda"):
             self.add("torch-cuda", node, dotted, (dotted,))
-            return  # the outermost torch.cuda chain is the finding
+            return False  # the outermost torch.cuda chain is the finding
         if node.attr == "NCCL" and (
             (dotted or "").endswith(".Backend.NCCL")
             or (isinstance(node.value, ast.Name) and node.value.id == "Backend")
@@ -175,23 +219,19 @@ class _Scanner(ast.NodeVisitor):
             self.add(
                 "nccl", node, dotted or "Backend.NCCL", ("torch.distributed.init_process_group",)
             )
-            return
+            return False
         if dotted == "torch.distributed.is_nccl_available":
             self.add("nccl", node, dotted, (dotted,))
-            return
-        self.generic_visit(node)
+            return False
+        return True
 
-    def visit_Name(self, node: ast.Name) -> None:
+    def _name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             dotted = self.aliases.get(node.id)
             if dotted and matches_module(dotted, "torch.cuda"):
                 self.add("torch-cuda", node, dotted, (dotted,))
 
-    def visit_Constant(self, node: ast.Constant) -> None:
-        if id(node) not in self._done and node.value == "nccl":
-            self.add("nccl", node, '"nccl"', ("torch.distributed.init_process_group",))
-
-    def visit_Call(self, node: ast.Call) -> None:
+    def _call(self, node: ast.Call) -> None:
         func = node.func
         callee = self.resolve(func)
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and callee is None:
@@ -208,15 +248,21 @@ class _Scanner(ast.NodeVisitor):
         self._nccl_arguments(node)
         if callee and callee.startswith(_CPP_EXTENSION + "."):
             self._extension(node, callee)
-        self.generic_visit(node)
 
     def _device_arguments(self, node: ast.Call, callee: str | None) -> None:
         label = self._callee_label(node)
         for keyword in node.keywords:
             value = keyword.value
-            if keyword.arg not in _DEVICE_KEYWORDS or not isinstance(value, ast.Constant):
+            if not isinstance(value, ast.Constant):
                 continue
-            if _is_cuda_string(value.value) or (
+            if callee == "torch.device" and keyword.arg == "type" and is_cuda_string(value.value):
+                self._done.add(id(value))
+                index = self.add("cuda-device", value, f"{label}(type={value.value!r})", (callee,))
+                self._values.append((index, node, None))
+                continue
+            if keyword.arg not in DEVICE_KEYWORDS:
+                continue
+            if is_cuda_string(value.value) or (
                 keyword.arg in _INDEX_KEYWORDS and _is_index(value.value)
             ):
                 self._done.add(id(value))
@@ -224,23 +270,36 @@ class _Scanner(ast.NodeVisitor):
                     "cuda-device",
                     value,
                     f"{label}({keyword.arg}={value.value!r})",
-                    self._callee_candidates(node),
+                    self.callee_candidates(node),
                 )
         if not node.args or not isinstance(node.args[0], ast.Constant):
             return
         first = node.args[0]
         is_to = isinstance(node.func, ast.Attribute) and node.func.attr == "to" and callee is None
-        if (is_to and (_is_cuda_string(first.value) or _is_index(first.value))) or (
+        if (is_to and (is_cuda_string(first.value) or _is_index(first.value))) or (
             callee in _DEVICE_FIRST_ARG
             and (
-                _is_cuda_string(first.value)
-                or (callee == "torch.device" and _is_index(first.value))
+                is_cuda_string(first.value) or (callee == "torch.device" and _is_index(first.value))
             )
         ):
             self._done.add(id(first))
-            self.add(
-                "cuda-device", first, f"{label}({first.value!r})", self._callee_candidates(node)
+            index = self.add(
+                "cuda-device", first, f"{label}({first.value!r})", self.callee_candidates(node)
             )
+            if callee == "torch.device":  # a device object, consumed wherever it goes
+                self._values.append((index, node, None))
+
+    def _defaults(self, node: ast.arguments) -> None:
+        """``def f(x, device="cuda")``: a CUDA device every call that leaves it out uses."""
+        function = self.parents.get(id(node))
+        defined = getattr(function, "name", None)
+        name = f"def {defined}" if defined else "lambda"
+        for parameter, default in parameter_defaults(node):
+            if isinstance(default, ast.Constant) and is_cuda_string(default.value):
+                self._done.add(id(default))
+                symbol = f"{name}({parameter}={default.value!r})"
+                index = self.add("cuda-device", default, symbol, ())
+                self._values.append((index, default, parameter))
 
     def _nccl_arguments(self, node: ast.Call) -> None:
         values = [*node.args, *(k.value for k in node.keywords)]
@@ -251,7 +310,7 @@ class _Scanner(ast.NodeVisitor):
                 and id(value) not in self._done
             ):
                 self._done.add(id(value))
-                candidates = self._callee_candidates(node) or (
+                candidates = self.callee_candidates(node) or (
                     "torch.distributed.init_process_group",
                 )
                 self.add("nccl", value, f'{self._callee_label(node)}("nccl")', candidates)
@@ -285,6 +344,14 @@ class _Scanner(ast.NodeVisitor):
             candidates = (callee, name) if name else (callee,)
             self.add("cuda-extension", node, symbol, candidates)
 
+    def finish(self) -> list[Finding]:
+        """The findings, device values with their uses, in source order."""
+        values = DeviceValues(self.resolve, self.callee_candidates, self.parents)
+        for index, node, parameter in self._values:
+            finding = self.findings[index]
+            self.findings[index] = finding._replace(uses=values.uses(node, parameter=parameter))
+        return sorted(self.findings, key=lambda f: (f.line, f.column, f.rule))
+
 
 def _has_cuda_source(node: ast.AST | None) -> bool:
     if node is None:
@@ -310,9 +377,13 @@ def _catches_import_error(node: ast.AST | None) -> bool:
 
 
 def scan_source(source: str, path: str = "<string>") -> list[Finding]:
-    """Findings in one module's source (raises SyntaxError if it does not parse)."""
-    tree = ast.parse(source, filename=path)
+    """Findings in one module's source.
+
+    Raises what parsing raises: SyntaxError (also for a file too deep for Python's
+    parser), ValueError, RecursionError or MemoryError when even a deep parse fails.
+    """
+    tree = parse(source, path)
     scanner = _Scanner(path, source)
     scanner.collect_aliases(tree)
-    scanner.visit(tree)
-    return sorted(scanner.findings, key=lambda f: (f.line, f.column, f.rule))
+    scanner.walk(tree)
+    return scanner.finish()

@@ -296,3 +296,380 @@ def test_the_rules_table_is_documented() -> None:
         assert f"`{rule}`" in doc
     for module in _scan.CUDA_ONLY_MODULES:
         assert module in doc
+
+
+# ---------------------------------------------------------------------------- exit statuses
+
+
+def _cli_command() -> list[str]:
+    return [str(CLI)] if CLI.exists() else [sys.executable, "-m", "ascend_patch_core._cli"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["doctor", "--json"], id="doctor-json"),
+        pytest.param(["doctor", "-v"], id="doctor-text"),
+        pytest.param(["scan", "--json", str(FIXTURE)], id="scan-json"),
+        pytest.param(["scan", "-v", str(FIXTURE)], id="scan-text"),
+        pytest.param(["report", "--json"], id="report-json"),
+        pytest.param(["--version", "--version"], id="version"),
+    ],
+)
+def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path, args: list[str]) -> None:
+    """`ascend-patch doctor --json | head`: no BrokenPipeError traceback, exit status 141 (128 + SIGPIPE)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
+    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
+    process = subprocess.Popen(
+        [*_cli_command(), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the first line is written
+    stderr = process.stderr.read().decode()
+    status = process.wait(timeout=120)
+
+    assert stderr == ""
+    assert status == 141
+
+
+def test_scan_check_and_files_that_do_not_parse(tmp_path: Path, site: Path) -> None:
+    """Every file unparsable: exit 1 (nothing was read), --check or not. Some unparsable: 0, but 1 under --check."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "a.py").write_text("def f(:\n")
+    (broken / "b.py").write_text("x = (1\n")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.py").write_text("def f(:\n")
+    (mixed / "clean.py").write_text("import torch\nx = torch.zeros(2)\n")
+
+    all_broken = scan(tmp_path, site, str(broken))
+    all_broken_check = scan(tmp_path, site, "--check", str(broken))
+    some_broken = scan(tmp_path, site, str(mixed))
+    some_broken_check = scan(tmp_path, site, "--check", str(mixed))
+    clean_check = scan(tmp_path, site, "--check", str(mixed / "clean.py"))
+
+    assert all_broken.returncode == all_broken_check.returncode == 1
+    assert "Nothing was scanned: none of the 2 Python files parses." in all_broken.stdout
+    assert some_broken.returncode == 0
+    assert "Not scanned: 1 of 2 files" in some_broken.stdout
+    assert some_broken_check.returncode == 1
+    assert clean_check.returncode == 0
+
+
+# ---------------------------------------------------------------------------- deep files
+
+
+def _deep_sources() -> dict[str, str]:
+    def terms(n: int) -> str:
+        return " + ".join(["a"] * n)
+
+    return {
+        "sum600.py": f"import torch\nx = {terms(600)}\ny = torch.zeros(1).cuda()\n",
+        "sum5000.py": f"import torch\nx = {terms(5000)}\ny = torch.zeros(1).cuda()\n",
+        "sum50000.py": f"import torch\nx = {terms(50_000)}\ny = torch.zeros(1).cuda()\n",
+        "cuda_terms.py": "import torch\nx = "
+        + " + ".join(["torch.cuda.synchronize()"] * 3000)
+        + "\n",
+        "chain.py": "import torch\nx = torch.zeros(1)" + ".cuda()" * 4000 + "\n",
+        "attributes.py": "import torch\nx = torch" + ".b" * 20_000 + "\ny = x.cuda()\n",
+        "nested_calls.py": "import torch\nx = "
+        + "f(" * 150
+        + "torch.cuda.synchronize()"
+        + ")" * 150
+        + "\n",
+        "nested_lambdas.py": "import torch\nx = " + "lambda: " * 800 + "torch.zeros(1).cuda()\n",
+        "nested_blocks.py": "import torch\n"
+        + "".join("    " * i + "if a:\n" for i in range(90))
+        + "    " * 90
+        + "torch.zeros(1).cuda()\n",
+        "too_deep_parens.py": "x = " + "(" * 2000 + "1" + ")" * 2000 + "\n",
+        "too_deep_not.py": "x = " + "not " * 20_000 + "a\n",
+    }
+
+
+def test_deep_files_are_scanned_not_a_crash(tmp_path: Path, site: Path) -> None:
+    """Long expressions (600 to 50,000 terms), long chains and deep nesting are scanned like any file;
+    what Python's own parser cannot hold is listed as not scanned, with the reason."""
+    tree = tmp_path / "deep"
+    tree.mkdir()
+    for name, source in _deep_sources().items():
+        (tree / name).write_text(source)
+
+    done = scan(tmp_path, site, "--json", str(tree))
+
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    result = json.loads(done.stdout)
+    per_file: dict[str, list[str]] = {}
+    for f in result["findings"]:
+        per_file.setdefault(f["path"], []).append(f["rule"])
+    errors = {e["path"]: e["error"] for e in result["parse_errors"]}
+    expected = {
+        "sum600.py": ["cuda-call"],
+        "sum5000.py": ["cuda-call"],
+        "sum50000.py": ["cuda-call"],
+        "cuda_terms.py": ["torch-cuda"] * 3000,
+        "chain.py": ["cuda-call"] * 4000,
+        "attributes.py": ["cuda-call"],
+        "nested_calls.py": ["torch-cuda"],
+        "nested_lambdas.py": ["cuda-call"],
+        "nested_blocks.py": ["cuda-call"],
+    }
+    for name, rules in expected.items():
+        # How deep Python's parser goes depends on the Python version: whatever it can
+        # parse is scanned in full; the rest is listed with the reason.
+        if _parses(_deep_sources()[name]):
+            assert per_file.get(name) == rules, name
+        else:
+            assert errors[name].startswith(("RecursionError:", "MemoryError:")), errors[name]
+    assert per_file["sum600.py"] == ["cuda-call"]  # python itself runs this file
+    assert errors["too_deep_parens.py"].startswith("SyntaxError: too many nested parentheses")
+    assert errors["too_deep_not.py"].startswith(("SyntaxError:", "MemoryError:", "RecursionError:"))
+    assert set(errors) <= {*expected, "too_deep_parens.py", "too_deep_not.py"}
+    assert result["files_scanned"] == len(_deep_sources())
+
+
+def _parses(source: str) -> bool:
+    from ascend_patch_core._scan_parse import parse
+
+    try:
+        parse(source)
+    except (SyntaxError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def test_a_deep_file_through_the_library_api() -> None:
+    """scan_source() on a 600-term expression and on a 5,000-deep chain returns findings, never RecursionError."""
+    wide = "import torch\nx = " + " + ".join(["a"] * 600) + "\ny = torch.cuda.synchronize()\n"
+    deep = "import torch\nx = torch" + ".cuda" * 1 + ".b" * 5000 + "\n"
+
+    assert [(f.line, f.symbol) for f in _scan.scan_source(wide)] == [(3, "torch.cuda.synchronize")]
+    assert [f.rule for f in _scan.scan_source(deep)] == ["torch-cuda"]
+
+
+# ---------------------------------------------------------------------------- verdicts = the run
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _installed(group: str, name: str) -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.name == name for ep in entry_points(group=group))
+
+
+needs_torch_plugin = pytest.mark.skipif(
+    not _installed("ascend_patch", "torch"), reason="needs the torch plugin (ascend-patch-torch)"
+)
+
+
+def real_scan(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """scan --json with the plugins installed in this environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
+    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run(
+        [*_cli_command(), "scan", "--json", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _gaps(result: dict[str, Any]) -> list[str]:
+    return [
+        f"{f['path']}:{f['line']} {f['symbol']}" for f in result["findings"] if not f["covered"]
+    ]
+
+
+@needs_torch_plugin
+def test_the_examples_have_no_gap_the_run_does_not_have(tmp_path: Path) -> None:
+    """examples/ run unmodified under the torch plugin (its test_examples.py), so scan reports no gap there.
+
+    torch.cuda.amp.GradScaler and torch.device("cuda") are covered by the patches the run
+    applies (GradScaler.__init__ of torch.amp, where the device is consumed), and only by them:
+    disabling those groups brings the gaps back.
+    """
+    result = real_scan(tmp_path, str(EXAMPLES))
+    without = real_scan(
+        tmp_path, "--disable", "Autocast,TensorDevices,ModuleDevices", str(EXAMPLES)
+    )
+
+    assert result["summary"]["findings"] > 20
+    assert _gaps(result) == []
+    symbols = {f["symbol"]: f for f in result["findings"]}
+    scaler = symbols["torch.cuda.amp.GradScaler"]
+    assert [c["target"] for c in scaler["covered_by"]] == [
+        "torch.amp.grad_scaler.GradScaler.__init__"
+    ]
+    gaps = {f["symbol"] for f in without["findings"] if not f["covered"]}
+    assert {"torch.cuda.amp.GradScaler", "torch.device('cuda')"} <= gaps
+
+
+_REDIRECTED_PROGRAM = """
+import torch
+from torch import nn
+
+
+def make(n, device="cuda"):
+    return torch.zeros(n, device=device)
+
+
+def place(module, *, device=torch.device("cuda")):
+    return module.to(device)
+
+
+def main():
+    device = torch.device("cuda", 0)
+    x = make(4) + torch.ones(4).to(device)
+    model = place(nn.Linear(4, 2))
+    scaler = torch.cuda.amp.GradScaler()
+    with torch.cuda.amp.autocast():
+        y = model(x)
+    print(scaler.scale(y.float().sum()).item() is not None)
+
+
+main()
+"""
+
+
+@needs_torch_plugin
+@pytest.mark.skipif(
+    not _installed("ascend_patch.emulator", "torch_npu"), reason="needs the NPU emulator"
+)
+def test_covered_means_the_run_redirects_it(tmp_path: Path) -> None:
+    """Each finding scan calls covered is covered by a patch that really redirected a call in the run.
+
+    Parameter defaults (device="cuda", device=torch.device("cuda")), a device bound to a
+    name, torch.cuda.amp's GradScaler and autocast: the run report's replacement calls
+    name the same patches as covered_by.
+    """
+    (tmp_path / "prog.py").write_text(_REDIRECTED_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
+    env.update(ASCEND_PATCH_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
+
+    result = real_scan(tmp_path, "prog.py")
+    run = subprocess.run(
+        [*_cli_command(), "run", "--emulate-npu", "--report", "run.json", "prog.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    redirected = {
+        record["target"]
+        for process in report["processes"]
+        for record in process["report"]["records"]
+        if record.get("counters", {}).get("replacement_calls")
+    }
+    found = {(f["line"], f["symbol"]): f for f in result["findings"]}
+    assert set(found) == {
+        (6, "def make(device='cuda')"),
+        (10, "torch.device('cuda')"),
+        (15, "torch.device('cuda')"),
+        (18, "torch.cuda.amp.GradScaler"),
+        (19, "torch.cuda.amp.autocast"),
+    }
+    for key, finding in found.items():
+        assert finding["covered"], key
+        assert {c["target"] for c in finding["covered_by"]} & redirected, key
+
+
+LIBRARY = {
+    "apx_lib/__init__.py": "from .api import Scaler as PublicScaler\nfrom .sub import *\n",
+    "apx_lib/api.py": """
+        from apx_lib import base
+
+
+        class Scaler(base.Base):
+            def __init__(self, device="cuda"):
+                super().__init__(device)
+
+
+        def other(device):
+            return device
+        """,
+    "apx_lib/base.py": "class Base:\n    def __init__(self, device):\n        self.device = device\n",
+    "apx_lib/sub.py": "from apx_lib.base import Base as helper\nfrom apx_lib.api import other\n",
+    "apx_lib_plugin.py": """
+        from ascend_patch_core import AtomicPatch, hookimpl
+
+
+        def replacement(self, device):
+            self.device = "npu"
+
+
+        @hookimpl
+        def register_patches():
+            return [AtomicPatch("apx_lib.base.Base.__init__", replacement)]
+        """,
+}
+
+
+def test_names_are_followed_into_the_library_that_defines_them(tmp_path: Path) -> None:
+    """A re-exported subclass is covered by the patch of its base class's __init__ (where the
+    library is read, never imported); a function of the same library is not; --disable the
+    patch and the subclass is not covered either."""
+    site = tmp_path / "site"
+    for name, source in LIBRARY.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(textwrap.dedent(source))
+    info = site / "apx_lib_plugin-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: apx-lib-plugin\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[ascend_patch]\napx_lib = apx_lib_plugin\n")
+    (site / "apx_lib" / "__init__.py").write_text(
+        LIBRARY["apx_lib/__init__.py"] + "open('imported', 'w')\n"
+    )
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "use.py").write_text(
+        "import apx_lib\n"
+        "from apx_lib import helper\n"
+        "a = apx_lib.PublicScaler(device='cuda')\n"
+        "b = helper(device='cuda:1')\n"
+        "c = apx_lib.other(device='cuda')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
+    env.update(
+        PYTHONPATH=str(site),
+        ASCEND_PATCH_CACHE_DIR=str(tmp_path / "cache"),
+        ASCEND_PATCH_PLUGINS="apx_lib",
+    )
+
+    def verdicts(*args: str) -> dict[int, list[str] | None]:
+        done = subprocess.run(
+            [*_cli_command(), "scan", "--json", *args, str(code)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return {
+            f["line"]: [c["target"] for c in f["covered_by"]] if f["covered"] else None
+            for f in json.loads(done.stdout)["findings"]
+        }
+
+    assert verdicts() == {
+        3: ["apx_lib.base.Base.__init__"],
+        4: ["apx_lib.base.Base.__init__"],
+        5: None,
+    }
+    assert verdicts("--disable", "apx_lib.base.Base.__init__") == {3: None, 4: None, 5: None}
+    assert not (tmp_path / "imported").exists()

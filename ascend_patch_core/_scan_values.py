@@ -1,0 +1,174 @@
+"""Where a CUDA device *value* goes, for ``ascend-patch scan``.
+
+``torch.device("cuda")`` and a parameter default ``device="cuda"`` are not consumed
+where they are written: the run redirects such a value only where torch consumes it
+(a factory's ``device=``, ``.to()``, ...). So the verdict on them comes from their
+*uses*: the calls in the same function (or module) that pass the name they are bound
+to, or the value itself, as a device to torch. Each use is a group of candidate
+targets (any one covering patch redirects that use), and the value is covered when
+every use is. A value passed to the project's own functions is not followed; one
+with no use in sight (returned, stored on ``self``) is judged by the consumers such
+values reach most: ``Tensor.to`` and ``Module.to`` (docs/cli.md, "What covers a finding").
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from collections.abc import Iterator
+
+from ._scan_rules import DEVICE_KEYWORDS
+from ._scan_rules import matches_module
+
+
+__all__ = ["DEVICE_METHODS", "GENERIC_USES", "DeviceValues", "Uses", "parameter_defaults"]
+
+#: One tuple of candidate targets per use; the value is covered when every use is.
+Uses = tuple[tuple[str, ...], ...]
+
+#: Methods of tensors and modules that take a device (first argument or ``device=``).
+DEVICE_METHODS = frozenset(
+    {
+        "to",
+        "cuda",
+        "to_empty",
+        "new_empty",
+        "new_empty_strided",
+        "new_full",
+        "new_ones",
+        "new_tensor",
+        "new_zeros",
+        "pin_memory",
+    }
+)
+_FIRST_ARGUMENT_METHODS = frozenset({"to", "cuda"})
+
+#: The uses of a value whose consumers are not in sight.
+GENERIC_USES: Uses = (
+    ("torch.Tensor.to",),
+    ("torch.nn.Module.to", "torch.nn.modules.module.Module.to"),
+)
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
+
+
+class DeviceValues:
+    """The uses of device values in one parsed module.
+
+    ``resolve`` gives the dotted name an expression refers to (through the module's
+    imports), ``candidates`` the targets whose patching covers a call, ``parents``
+    maps ``id(node)`` to its parent node.
+    """
+
+    def __init__(
+        self,
+        resolve: Callable[[ast.AST], str | None],
+        candidates: Callable[[ast.Call], tuple[str, ...]],
+        parents: dict[int, ast.AST],
+    ) -> None:
+        self._resolve = resolve
+        self._candidates = candidates
+        self._parents = parents
+        self._by_scope: dict[int, dict[str, list[tuple[str, ...]]]] = {}
+
+    def uses(self, value: ast.AST, *, parameter: str | None = None) -> Uses:
+        """The uses of ``value``: a ``torch.device(...)`` call or a parameter default.
+
+        ``parameter`` names the parameter a default belongs to.
+        """
+        found: list[tuple[str, ...]] | None = None
+        parent = self._parents.get(id(value))
+        if parameter is not None or isinstance(parent, ast.arguments):
+            name = parameter or _parameter_of(value, parent)
+            function = self._parents.get(id(parent)) if parent is not None else None
+            if name is not None and function is not None:
+                found = self._scope_uses(function).get(name, [])
+        elif isinstance(parent, ast.keyword) or (
+            isinstance(parent, ast.Call) and any(a is value for a in parent.args)
+        ):
+            call = parent if isinstance(parent, ast.Call) else self._parents.get(id(parent))
+            group = self._consumer(call) if isinstance(call, ast.Call) else None
+            found = [group] if group else []
+        else:
+            name = _bound_name(value, parent)
+            if name is not None:
+                found = self._scope_uses(self._scope_of(value)).get(name, [])
+        return tuple(dict.fromkeys(found)) if found else GENERIC_USES
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _scope_of(self, node: ast.AST) -> ast.AST:
+        current = self._parents.get(id(node))
+        while current is not None and not isinstance(current, _SCOPES):
+            current = self._parents.get(id(current))
+        return current if current is not None else node
+
+    def _scope_uses(self, scope: ast.AST) -> dict[str, list[tuple[str, ...]]]:
+        """Name -> the consumer groups of the calls in ``scope`` that pass it as a device."""
+        cached = self._by_scope.get(id(scope))
+        if cached is not None:
+            return cached
+        uses: dict[str, list[tuple[str, ...]]] = {}
+        for call in _calls(scope):
+            for name in _device_names(call):
+                group = self._consumer(call)
+                if group:
+                    uses.setdefault(name, []).append(group)
+        self._by_scope[id(scope)] = uses
+        return uses
+
+    def _consumer(self, call: ast.Call) -> tuple[str, ...] | None:
+        """The candidates of a call that consumes a device in torch; None for other code."""
+        callee = self._resolve(call.func)
+        if callee is not None:
+            if callee == "torch.device" or not matches_module(callee, "torch"):
+                return None  # torch.device() passes the value on; other code is not followed
+            return self._candidates(call)
+        if isinstance(call.func, ast.Attribute) and call.func.attr in DEVICE_METHODS:
+            return self._candidates(call)
+        return None
+
+
+def _calls(scope: ast.AST) -> Iterator[ast.Call]:
+    return (node for node in ast.walk(scope) if isinstance(node, ast.Call))
+
+
+def _device_names(call: ast.Call) -> Iterator[str]:
+    """Names the call passes in a device position."""
+    for keyword in call.keywords:
+        if keyword.arg in DEVICE_KEYWORDS and isinstance(keyword.value, ast.Name):
+            yield keyword.value.id
+    # torch's functions take a device by keyword; .to() and .cuda() as their first argument.
+    func = call.func
+    if (
+        call.args
+        and isinstance(call.args[0], ast.Name)
+        and isinstance(func, ast.Attribute)
+        and func.attr in _FIRST_ARGUMENT_METHODS
+    ):
+        yield call.args[0].id
+
+
+def parameter_defaults(arguments: ast.arguments) -> list[tuple[str, ast.expr]]:
+    """(parameter name, default expression) of each parameter that has a default."""
+    positional = [*arguments.posonlyargs, *arguments.args]
+    with_default = positional[len(positional) - len(arguments.defaults) :]
+    pairs = [(a.arg, d) for a, d in zip(with_default, arguments.defaults, strict=True)]
+    keyword_only = zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)
+    return pairs + [(a.arg, d) for a, d in keyword_only if d is not None]
+
+
+def _parameter_of(default: ast.AST, arguments: ast.AST | None) -> str | None:
+    if not isinstance(arguments, ast.arguments):
+        return None
+    return next((name for name, d in parameter_defaults(arguments) if d is default), None)
+
+
+def _bound_name(value: ast.AST, parent: ast.AST | None) -> str | None:
+    """The plain name ``value`` is assigned to (``device = torch.device("cuda")``), if any."""
+    if isinstance(parent, ast.Assign) and parent.value is value and len(parent.targets) == 1:
+        target = parent.targets[0]
+        return target.id if isinstance(target, ast.Name) else None
+    if isinstance(parent, (ast.AnnAssign, ast.NamedExpr)) and parent.value is value:
+        return parent.target.id if isinstance(parent.target, ast.Name) else None
+    return None
