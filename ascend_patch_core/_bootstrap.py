@@ -168,7 +168,7 @@ def _checked(key: str, value: Any) -> Any:
 _started: RunOptions | None = None
 _role: str | None = None
 _exit_status: int | None = None
-_finder_installed = False
+_pth_read = False
 
 
 def started_options() -> RunOptions | None:
@@ -280,9 +280,12 @@ class _StartAfterSite:
 
 def start_from_pth() -> None:
     """Called by ``ascend_patch_core_start.pth`` when ``ASCEND_PATCH_RUN`` is set."""
-    global _finder_installed
-    if _finder_installed or _started is not None:
-        return  # site reads a site-packages directory twice when lib64 links to lib
+    global _pth_read
+    if _pth_read or _started is not None:
+        # site reads a site-packages directory twice when lib64 links to lib: one
+        # start, and one message about a bad value, per process.
+        return
+    _pth_read = True
     try:
         options = RunOptions.from_env(os.environ.get(ENV_VAR, ""))
     except ValueError as exc:
@@ -290,7 +293,6 @@ def start_from_pth() -> None:
         return
     if options is None:
         return
-    _finder_installed = True
     site = sys.modules.get("site")
     if getattr(getattr(site, "__spec__", None), "_initializing", False):
         sys.meta_path.insert(0, _StartAfterSite(options))
@@ -367,7 +369,11 @@ def _write_report() -> None:
         }
         _write_json(options.report, data)
     except Exception as exc:  # at exit there is nobody left to raise to
-        print(f"ascend-patch: could not write the run report: {exc!r}", file=sys.stderr)
+        print(
+            f"ascend-patch: could not write the run report to {options.report}: "
+            f"{type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
 
 
 def _collect_parts(directory: str | None) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 The program runs in this interpreter, the way ``python script.py`` / ``python -m
 module`` run it: a fresh ``__main__`` module, ``sys.argv`` and ``sys.path[0]`` set as
 Python sets them, ``SystemExit`` propagating as is and an uncaught exception printed
-by ``sys.excepthook`` (without this module's frames) with exit status 1. Processes the
+by ``sys.excepthook`` (without the launcher's frames) with exit status 1; a program
+that does not compile prints what ``python`` prints (:mod:`._run_program`). Processes the
 program starts are patched by the start hook (``_bootstrap``), which reads the
 options from the ``ASCEND_PATCH_RUN`` variable set here.
 """
@@ -13,13 +14,17 @@ from __future__ import annotations
 import os
 import sys
 import types
-from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
-from typing import NamedTuple
 
+from . import _run_program
 from ._bootstrap import ENV_VAR
 from ._bootstrap import RunOptions
+from ._run_program import NotRunnable
+from ._run_program import RunTarget
+from ._run_program import UsageError
+from ._run_program import load_module
+from ._run_program import load_script
 
 
 __all__ = [
@@ -45,23 +50,8 @@ OPTIONS_WITH_VALUE = (
 #: ``--emulated-devices`` reaches torchrun's ranks through the environment.
 EMULATED_DEVICES_VAR = "ASCEND_PATCH_EMULATED_DEVICES"
 
-_THIS_FILE = __file__
-
-
-class UsageError(Exception):
-    """The command line is wrong; the message says how. ``status`` is the exit status."""
-
-    def __init__(self, message: str, *, status: int = 2) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class RunTarget(NamedTuple):
-    #: "script" or "module".
-    kind: str
-    #: The script path as given, or the module name.
-    name: str
-    args: tuple[str, ...]
+#: Frames of these files are the launcher's, not the program's: tracebacks leave them out.
+_LAUNCHER_FILES = frozenset({__file__, _run_program.__file__})
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], RunTarget | None]:
@@ -148,10 +138,15 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
     # A script is read before anything changes, so a wrong path is a plain usage error.
     # A module is looked up after the patches are applied: finding it imports its parent
     # packages (torch, for torch.distributed.run), and they must be imported patched.
-    loaded = _load_script(target) if target.kind == "script" else None
+    try:
+        loaded = load_script(target) if target.kind == "script" else None
+    except NotRunnable as exc:  # python prints it and exits 1, as here
+        _print_uncaught(exc.error)
+        return 1
     if options.report is not None:
         import tempfile
 
+        _check_report_path(options.report)
         parts = tempfile.mkdtemp(prefix="ascend-patch-run-")
         options = options._replace(report_parts=parts, main_pid=os.getpid())
     os.environ[ENV_VAR] = options.to_env()
@@ -163,180 +158,45 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
         import atexit
 
         atexit.register(lambda: print(report.table(verbose=True), file=sys.stderr))
-    code, prepare = loaded if loaded is not None else _load_module(target)
+    else:
+        _say_broken_plugins(report)
+    try:
+        code, prepare = loaded if loaded is not None else load_module(target)
+    except NotRunnable as exc:
+        _print_uncaught(exc.error)
+        _bootstrap.set_exit_status(1)
+        return 1
     prepare()
     status = _execute(code)
     _bootstrap.set_exit_status(status)
     return status
 
 
-def _set_path0(entry: str) -> None:
-    # Python puts the script's directory (or, for -m, the working directory) first,
-    # unless -P / PYTHONSAFEPATH. Our own sys.path[0] is the launcher's directory.
-    if getattr(sys.flags, "safe_path", False):
-        return
-    if sys.path:
-        sys.path[0] = entry
-    else:
-        sys.path.insert(0, entry)
-
-
-def _fresh_main(**attributes: Any) -> types.ModuleType:
-    import builtins
-
-    main = types.ModuleType("__main__")
-    main.__dict__.update(
-        __builtins__=builtins,
-        __annotations__={},
-        __cached__=None,
-        __package__=None,
-        __spec__=None,
-        __loader__=None,
-    )
-    main.__dict__.update(attributes)
-    return main
-
-
-def _resolve_script(name: str) -> str:
-    """The file to run: ``name`` itself, or a Python script found on PATH (``torchrun``)."""
-    if os.path.exists(name):
-        return name
-    import shutil
-
-    if os.sep not in name and (os.altsep is None or os.altsep not in name):
-        found = shutil.which(name)
-        if found and _is_python_script(found):
-            return found
-        if found:
-            raise UsageError(
-                f"{name!r} ({found}) is not a Python script, so it cannot run in this interpreter; "
-                f"to patch the Python processes it starts, export {ENV_VAR}=1 (docs/cli.md)"
-            )
-    raise UsageError(
-        f"can't open file {os.path.abspath(name)!r}: [Errno 2] No such file or directory"
-    )
-
-
-def _is_python_script(path: str) -> bool:
-    if path.endswith((".py", ".pyw")):
-        return True
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline(256)
-    except OSError:
-        return False
-    return first.startswith(b"#!") and b"python" in first
-
-
-def _load_script(target: RunTarget) -> tuple[types.CodeType, Callable[[], None]]:
-    path = _resolve_script(target.name)
-    argv0 = target.name if path == target.name else path
-    if os.path.isdir(path) or _is_zipfile(path):
-        return _load_archive(path, argv0, target.args)
-    abspath = os.path.abspath(path)
-    import io
-    import pkgutil
-
-    try:
-        with io.open_code(abspath) as fh:
-            code = pkgutil.read_code(fh)  # a compiled .pyc script
-        if code is None:
-            with io.open_code(abspath) as fh:
-                source = fh.read()
-            code = compile(source, abspath, "exec", dont_inherit=True)
-    except OSError as exc:
-        raise UsageError(f"can't open file {abspath!r}: {exc}") from None
-
-    def prepare() -> None:
-        from importlib.machinery import SourceFileLoader
-        from importlib.machinery import SourcelessFileLoader
-
-        loader_class = SourcelessFileLoader if abspath.endswith(".pyc") else SourceFileLoader
-        sys.argv[:] = [argv0, *target.args]
-        _set_path0(os.path.dirname(os.path.realpath(abspath)))
-        sys.modules["__main__"] = _fresh_main(
-            __name__="__main__", __file__=abspath, __loader__=loader_class("__main__", abspath)
-        )
-
-    return code, prepare
-
-
-def _is_zipfile(path: str) -> bool:
-    import zipfile
-
-    return os.path.isfile(path) and zipfile.is_zipfile(path)
-
-
-def _load_archive(
-    path: str, argv0: str, args: tuple[str, ...]
-) -> tuple[types.CodeType, Callable[[], None]]:
-    """A directory or zip file with a ``__main__.py``: Python puts it first on sys.path."""
-    saved_path = list(sys.path)
-    # The lookup must not find the launcher's own __main__ in sys.modules.
-    saved_main = sys.modules.pop("__main__", None)
-    sys.path.insert(0, path)
-    try:
-        _name, spec, code = _module_details()("__main__")
-    except ImportError:
+def _check_report_path(path: str) -> None:
+    """Refuse now, not at exit (when nobody can act on it), a report that cannot be written."""
+    if os.path.isdir(path):
         raise UsageError(
-            f"can't find '__main__' module in {os.path.abspath(path)!r}", status=1
-        ) from None
-    finally:
-        sys.path[:] = saved_path
-        if saved_main is not None:
-            sys.modules["__main__"] = saved_main
-
-    def prepare() -> None:
-        sys.argv[:] = [argv0, *args]
-        _set_path0(os.path.abspath(path))
-        sys.modules["__main__"] = _fresh_main(
-            __name__="__main__",
-            __file__=spec.origin,
-            __spec__=spec,
-            __loader__=spec.loader,
-            __package__="",
-            __cached__=spec.cached,
+            f"--report {path}: is a directory; give the file to write, "
+            f"e.g. --report {os.path.join(path, 'run.json')}"
         )
-
-    return code, prepare
-
-
-def _module_details() -> Callable[[str], tuple[str, Any, types.CodeType]]:
-    # runpy's module lookup is what `python -m` itself uses: packages run their
-    # __main__, and its errors read exactly like Python's. It is private but has kept
-    # this signature since Python 3.4; run_module() would restore the launcher's
-    # __main__ afterwards, which atexit handlers and pickling must not see.
-    import runpy
-
-    details: Callable[[str], tuple[str, Any, types.CodeType]] = runpy._get_module_details  # type: ignore[attr-defined]
-    return details
+    existing = os.path.dirname(path)  # the report's directory is created if missing
+    while existing and not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if existing and os.path.exists(existing) and not os.path.isdir(existing):
+        raise UsageError(f"--report {path}: {existing} is not a directory")
 
 
-def _load_module(target: RunTarget) -> tuple[types.CodeType, Callable[[], None]]:
-    # Python searches for the module with the working directory first on sys.path.
-    cwd = os.getcwd()
-    saved = list(sys.path)
-    _set_path0(cwd)
-    try:
-        _name, spec, code = _module_details()(target.name)
-    except ImportError as exc:
-        raise UsageError(str(exc), status=1) from None  # python -m exits 1 here too
-    finally:
-        sys.path[:] = saved
+def _say_broken_plugins(report: Any) -> None:
+    """One line per plugin left out (without -v the report is not printed, and --strict is off)."""
+    from ._report import FAILED
 
-    def prepare() -> None:
-        sys.argv[:] = [spec.origin or target.name, *target.args]
-        _set_path0(cwd)
-        sys.modules["__main__"] = _fresh_main(
-            __name__="__main__",
-            __file__=spec.origin,
-            __spec__=spec,
-            __loader__=spec.loader,
-            __package__=spec.parent,
-            __cached__=spec.cached,
-        )
-
-    return code, prepare
+    for record in report.records:
+        if record.kind == "plugin" and record.status is FAILED:
+            print(
+                f"ascend-patch run: {record.reason} -- running without it "
+                "(-v prints the report at exit; --strict stops instead)",
+                file=sys.stderr,
+            )
 
 
 def _execute(code: types.CodeType) -> int:
@@ -369,7 +229,7 @@ def _print_uncaught(exc: BaseException) -> None:
     """Print like Python's top level: through sys.excepthook, without the launcher's frames."""
     import runpy
 
-    hidden = {_THIS_FILE, getattr(runpy, "__file__", None)}
+    hidden = {*_LAUNCHER_FILES, getattr(runpy, "__file__", None)}
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in hidden:
         tb = tb.tb_next

@@ -239,6 +239,94 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert not_python.returncode == 2 and "is not a Python script" in not_python.stderr
 
 
+@pytest.mark.parametrize(
+    "value", ["maybe", "{not json", '{"strict": 3}', '["a"]'], ids=["word", "json", "type", "list"]
+)
+def test_a_malformed_variable_is_reported_once_per_process(tmp_path: Path, value: str) -> None:
+    """A bad ASCEND_PATCH_RUN prints its message once (site may read site-packages twice), under
+    python and under ascend-patch run (whose own options then go to the children)."""
+    write(tmp_path / "prog.py", "print('ran')\n")
+    env = clean_env(tmp_path, ASCEND_PATCH_RUN=value)
+
+    plain = run([sys.executable, "prog.py"], tmp_path, env)
+    wrapped = run(cli("run", "prog.py"), tmp_path, env)
+
+    for done in (plain, wrapped):
+        assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+        assert done.stderr.count(f"{_bootstrap.ENV_VAR} is ignored") == 1, done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_a_report_path_that_cannot_be_written_is_named(tmp_path: Path) -> None:
+    """--report to a directory (or below a file) is a usage error naming the path, before the
+    program runs; a report that fails at exit names its path too."""
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "afile").write_text("")
+    write(tmp_path / "prog.py", "print('ran')\n")
+    # The program makes the report's path a directory: the write at exit fails.
+    write(tmp_path / "spoil.py", "import os\nos.mkdir('late.json')\n")
+    env = clean_env(tmp_path)
+
+    directory = run(cli("run", "--report", "reports", "prog.py"), tmp_path, env)
+    below_file = run(cli("run", "--report", "afile/r.json", "prog.py"), tmp_path, env)
+    late = run(cli("run", "--report", "late.json", "spoil.py"), tmp_path, env)
+
+    assert (directory.returncode, directory.stdout) == (2, "")
+    assert f"--report {tmp_path / 'reports'}: is a directory" in directory.stderr
+    assert (below_file.returncode, below_file.stdout) == (2, "")
+    assert f"{tmp_path / 'afile'} is not a directory" in below_file.stderr
+    assert late.returncode == 0
+    assert f"could not write the run report to {tmp_path / 'late.json'}: IsADirectoryError" in (
+        late.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param("x = (1\n", id="unclosed"),
+        pytest.param("def f():\nreturn 1\n", id="indentation"),
+        pytest.param("print('a')\nif True\n    pass\n", id="after-a-line"),
+        pytest.param("x = 1\n\tdef g(): pass\n", id="tab"),
+        pytest.param("x = " + " + ".join(["a"] * 5000) + "\n", id="too-deep-to-compile"),
+    ],
+)
+def test_a_script_that_does_not_compile_shows_what_python_shows(
+    tmp_path: Path, source: str
+) -> None:
+    """A SyntaxError (or a file too deep to compile): python's output exactly, status 1, no launcher frames."""
+    write(tmp_path / "prog.py", source)
+    env = clean_env(tmp_path)
+
+    expected = run([sys.executable, "prog.py"], tmp_path, env)
+    got = run(cli("run", "prog.py"), tmp_path, env)
+
+    assert expected.returncode == 1
+    assert (got.returncode, got.stdout, got.stderr) == (1, expected.stdout, expected.stderr)
+
+
+@pytest.mark.parametrize("how", [["-m", "prog"], ["-m", "pkg"], ["appdir"]], ids=str)
+def test_a_module_that_does_not_compile_shows_the_error_once(
+    tmp_path: Path, how: list[str]
+) -> None:
+    """-m and directories: the error as python -m shows it (its frames, not the launcher's), once, status 1."""
+    write(tmp_path / "prog.py", "x = (1\n")
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "__main__.py", "x = (1\n")
+    write(tmp_path / "appdir" / "__main__.py", "x = (1\n")
+    env = clean_env(tmp_path)
+
+    expected = run([sys.executable, *how], tmp_path, env)
+    got = run(cli("run", *how), tmp_path, env)
+
+    assert expected.returncode == got.returncode == 1
+    assert got.stdout == ""
+    assert got.stderr.count("SyntaxError: '(' was never closed") == 1
+    assert "ascend_patch_core" not in got.stderr and "ascend-patch" not in got.stderr
+    tail = expected.stderr.splitlines()[-4:]  # File "...", line 1 / source / caret / error
+    assert got.stderr.splitlines()[-4:] == tail
+
+
 # ---------------------------------------------------------------------------- python parity
 
 _SHOW = """
@@ -451,6 +539,24 @@ def test_strict_stops_before_the_program_when_a_plugin_is_broken(
     assert lenient.returncode == 0, lenient.stderr
     assert lenient.stdout == "patched\n"
     assert "this plugin is broken on purpose" in lenient.stderr  # -v prints the report at exit
+
+
+def test_a_broken_plugin_says_one_line_without_verbose(tmp_path: Path, site: Path) -> None:
+    """Not strict, not -v: one stderr line names the broken plugin, what broke and how to see more;
+    the program runs, patched by the healthy plugin, and its own output is untouched."""
+    write(tmp_path / "prog.py", "import apx_run_target\nprint(apx_run_target.where())\n")
+
+    done = run(cli("run", "prog.py"), tmp_path, clean_env(tmp_path, site))
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "patched\n"
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        "ascend-patch run: plugin 'apx_run_broken' from apx-run-broken 0.1.0"
+    )
+    assert "register_patches raised RuntimeError: this plugin is broken on purpose" in lines[0]
+    assert "-v prints the report" in lines[0] and "--strict" in lines[0]
 
 
 def test_strict_child_does_not_run_unpatched(tmp_path: Path, site: Path) -> None:
