@@ -57,8 +57,12 @@ def _parse_deep(source: str | bytes, path: str) -> ast.Module:
         try:
             sys.setrecursionlimit(max(limit, DEEP_RECURSION_LIMIT))
             worker = threading.Thread(target=work, name="ascend-patch-deep-parse")
-            worker.start()
-            worker.join()
+            try:
+                worker.start()
+            except RuntimeError:  # no room for such a stack (ulimit -v): give up on this file
+                outcome["error"] = RecursionError(f"{path}: too deeply nested to parse")
+            else:
+                worker.join()
         finally:
             threading.stack_size(stack)
             sys.setrecursionlimit(limit)

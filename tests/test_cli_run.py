@@ -327,6 +327,22 @@ def test_a_module_that_does_not_compile_shows_the_error_once(
     assert got.stderr.splitlines()[-4:] == tail
 
 
+def test_a_package_that_raises_on_lookup_shows_python_s_traceback(tmp_path: Path) -> None:
+    """-m pkg.mod whose package raises while python -m looks it up: its traceback, status 1, no launcher frames."""
+    write(tmp_path / "boom" / "__init__.py", "raise RuntimeError('boom at import')\n")
+    write(tmp_path / "boom" / "mod.py", "print('never')\n")
+    env = clean_env(tmp_path)
+
+    expected = run([sys.executable, "-m", "boom.mod"], tmp_path, env)
+    got = run(cli("run", "-m", "boom.mod"), tmp_path, env)
+
+    assert expected.returncode == got.returncode == 1
+    assert got.stdout == ""
+    assert "ascend_patch_core" not in got.stderr
+    assert got.stderr.splitlines()[-3:] == expected.stderr.splitlines()[-3:]
+    assert got.stderr.count("RuntimeError: boom at import") == 1
+
+
 # ---------------------------------------------------------------------------- python parity
 
 _SHOW = """
