@@ -35,9 +35,10 @@ class Definition(NamedTuple):
 
     name: str
     #: "same" (the very object, named where it is defined), "constructor" (``__init__``
-    #: or ``__new__`` of a base class, which constructing the class runs) or "base" (a
-    #: base class: only a patch of that class itself, or of what contains it, counts --
-    #: not one of a method it lends to every subclass).
+    #: or ``__new__`` of a base class, which constructing the class runs), "delegate"
+    #: (what a function that only forwards calls) or "base" (a base class: only a patch
+    #: of that class itself, or of what contains it, counts -- not one of a method it
+    #: lends to every subclass).
     role: str = "same"
 
 
@@ -65,7 +66,7 @@ class _Module:
         while pending:
             node = pending.pop(0)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self.bind(node.name, _Binding("def", None))
+                self.bind(node.name, _Binding("def", _delegated(node)))
             elif isinstance(node, ast.ClassDef):
                 self.bind(node.name, _Binding("class", node))
             elif isinstance(node, ast.Import):
@@ -174,6 +175,16 @@ class LibrarySource:
         for binding in bindings:
             if binding.kind == "def":
                 out.append(Definition(".".join([module, first, *rest])))
+                for expression in binding.value if not rest else ():
+                    # A deprecated spelling that only forwards, as torch.cuda.amp.custom_fwd
+                    # forwards to torch.amp.custom_fwd: the patch of the callee covers it.
+                    callee = self._expression(info, expression)
+                    if callee:
+                        found = self._follow(callee.split("."), depth + 1, seen)
+                        out += [Definition(callee, "delegate")]
+                        out += [
+                            d if d.role == "base" else d._replace(role="delegate") for d in found
+                        ]
             elif binding.kind == "class":
                 out += self._in_class(f"{module}.{first}", binding.value, module, rest, depth, seen)
             else:
@@ -288,6 +299,20 @@ def _parse_file(path: str) -> ast.Module | None:
             return ast.parse(fh.read(), filename=path)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
+
+
+def _delegated(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[ast.expr, ...]:
+    """The names a function that is a single ``return`` (after its docstring) refers to."""
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return ()
+    nodes = list(ast.walk(body[0].value))
+    inner = {id(n.value) for n in nodes if isinstance(n, ast.Attribute)}
+    return tuple(
+        n for n in nodes if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inner
+    )
 
 
 def _class_names(node: ast.ClassDef) -> set[str]:

@@ -602,6 +602,11 @@ LIBRARY = {
 
         def other(device):
             return device
+
+
+        def legacy(device):
+            '''The old spelling: only forwards.'''
+            return Scaler(device)
         """,
     "apx_lib/base.py": "class Base:\n    def __init__(self, device):\n        self.device = device\n",
     "apx_lib/sub.py": "from apx_lib.base import Base as helper\nfrom apx_lib.api import other\n",
@@ -622,8 +627,8 @@ LIBRARY = {
 
 def test_names_are_followed_into_the_library_that_defines_them(tmp_path: Path) -> None:
     """A re-exported subclass is covered by the patch of its base class's __init__ (where the
-    library is read, never imported); a function of the same library is not; --disable the
-    patch and the subclass is not covered either."""
+    library is read, never imported), and so is a function that only forwards to it; another
+    function of the same library is not; --disable the patch and none is covered."""
     site = tmp_path / "site"
     for name, source in LIBRARY.items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
@@ -643,6 +648,7 @@ def test_names_are_followed_into_the_library_that_defines_them(tmp_path: Path) -
         "a = apx_lib.PublicScaler(device='cuda')\n"
         "b = helper(device='cuda:1')\n"
         "c = apx_lib.other(device='cuda')\n"
+        "d = apx_lib.api.legacy(device='cuda')\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
     env.update(
@@ -670,6 +676,8 @@ def test_names_are_followed_into_the_library_that_defines_them(tmp_path: Path) -
         3: ["apx_lib.base.Base.__init__"],
         4: ["apx_lib.base.Base.__init__"],
         5: None,
+        6: ["apx_lib.base.Base.__init__"],  # a function that only forwards, to the subclass
     }
-    assert verdicts("--disable", "apx_lib.base.Base.__init__") == {3: None, 4: None, 5: None}
+    disabled = verdicts("--disable", "apx_lib.base.Base.__init__")
+    assert disabled == {3: None, 4: None, 5: None, 6: None}
     assert not (tmp_path / "imported").exists()
