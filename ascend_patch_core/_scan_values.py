@@ -21,7 +21,14 @@ from ._scan_rules import DEVICE_KEYWORDS
 from ._scan_rules import matches_module
 
 
-__all__ = ["DEVICE_METHODS", "GENERIC_USES", "DeviceValues", "Uses", "parameter_defaults"]
+__all__ = [
+    "CONTEXT_USE",
+    "DEVICE_METHODS",
+    "GENERIC_USES",
+    "DeviceValues",
+    "Uses",
+    "parameter_defaults",
+]
 
 #: One tuple of candidate targets per use; the value is covered when every use is.
 Uses = tuple[tuple[str, ...], ...]
@@ -48,6 +55,10 @@ GENERIC_USES: Uses = (
     ("torch.Tensor.to",),
     ("torch.nn.Module.to", "torch.nn.modules.module.Module.to"),
 )
+
+#: ``with torch.device("cuda"):`` -- torch's device context, entered through
+#: ``torch.device.__enter__``, which makes a ``torch.utils._device.DeviceContext``.
+CONTEXT_USE = ("torch.device.__enter__", "torch.utils._device.DeviceContext.__init__")
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
 
@@ -83,6 +94,8 @@ class DeviceValues:
             function = self._parents.get(id(parent)) if parent is not None else None
             if name is not None and function is not None:
                 found = self._scope_uses(function).get(name, [])
+        elif isinstance(parent, ast.withitem) and parent.context_expr is value:
+            found = [CONTEXT_USE]
         elif isinstance(parent, ast.keyword) or (
             isinstance(parent, ast.Call) and any(a is value for a in parent.args)
         ):

@@ -536,7 +536,9 @@ def main():
     scaler = torch.cuda.amp.GradScaler()
     with torch.cuda.amp.autocast():
         y = model(x)
-    print(scaler.scale(y.float().sum()).item() is not None)
+    with torch.device("cuda"):
+        z = torch.ones(2)
+    print(scaler.scale(y.float().sum()).item() is not None, z.sum().item())
 
 
 main()
@@ -551,8 +553,8 @@ def test_covered_means_the_run_redirects_it(tmp_path: Path) -> None:
     """Each finding scan calls covered is covered by a patch that really redirected a call in the run.
 
     Parameter defaults (device="cuda", device=torch.device("cuda")), a device bound to a
-    name, torch.cuda.amp's GradScaler and autocast: the run report's replacement calls
-    name the same patches as covered_by.
+    name, torch.cuda.amp's GradScaler and autocast, `with torch.device("cuda"):`: the run
+    report's replacement calls name the same patches as covered_by.
     """
     (tmp_path / "prog.py").write_text(_REDIRECTED_PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
@@ -583,6 +585,7 @@ def test_covered_means_the_run_redirects_it(tmp_path: Path) -> None:
         (15, "torch.device('cuda')"),
         (18, "torch.cuda.amp.GradScaler"),
         (19, "torch.cuda.amp.autocast"),
+        (21, "torch.device('cuda')"),
     }
     for key, finding in found.items():
         assert finding["covered"], key
