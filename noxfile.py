@@ -344,7 +344,7 @@ def demo(session: nox.Session) -> None:
     session.run("python", str(script.relative_to(ROOT)), *session.posargs)
 
 
-@nox.session(python=PYTHON, tags=["ci"])
+@nox.session(python=STACK_PYTHON, tags=["ci"])
 def openmmlab_emulated(session: nox.Session) -> None:
     """mmengine/mmdet import and index their structures under ``run --emulate-npu``.
 

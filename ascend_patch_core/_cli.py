@@ -11,6 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ._errors import PatchDefinitionError
+
 
 __all__ = ["main"]
 
@@ -219,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _stdout_to_devnull()
         return PIPE_CLOSED_STATUS
+    except PatchDefinitionError as error:
+        # A setting no command can honour (ASCEND_PATCH_STRICT=maybe, say): its message
+        # names the variable and the accepted values; a traceback would only bury it.
+        command = next((a for a in args if not a.startswith("-")), None)
+        print(f"{' '.join(filter(None, ['ascend-patch', command]))}: {error}", file=sys.stderr)
+        return 2
     return status
 
 

@@ -268,6 +268,20 @@ def test_run_rejects_a_switch_that_is_neither_on_nor_off(
     assert f"{name}='maybe'" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("command", [["doctor"], ["doctor", "--json"], ["report"], ["scan", "."]])
+@pytest.mark.parametrize("name", ["ASCEND_PATCH_STRICT", "ASCEND_PATCH_AUTOLOAD"])
+def test_every_command_rejects_a_switch_in_one_line(
+    name: str, command: list[str], tmp_path: Path, site: Path
+) -> None:
+    """doctor, report and scan: exit 2, one stderr line naming the command, the variable and the words."""
+    done = run(cli(*command), tmp_path, clean_env(tmp_path, site, **{name: "maybe"}))
+
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"ascend-patch {command[0]}: {name}='maybe'"), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "1/true/yes/on" in done.stderr
+
+
 def test_plugins_star_loads_every_plugin(tmp_path: Path, site: Path) -> None:
     """ASCEND_PATCH_PLUGINS=* means all plugins -- even with ASCEND_PATCH_AUTOLOAD=0."""
     for extra in ({}, {"ASCEND_PATCH_AUTOLOAD": "0"}):
