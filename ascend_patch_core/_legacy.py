@@ -1,4 +1,4 @@
-"""The seed's 1.0 API: ``PatcherBuilder`` and function-style ``Patch(func, options)``.
+"""The DrivingSDK patcher's 1.0 API: ``PatcherBuilder`` and function-style ``Patch(func, options)``.
 
 Kept so 1.0 migrations run unchanged::
 
@@ -8,7 +8,7 @@ Kept so 1.0 migrations run unchanged::
 
 A 1.0 patch function that a plugin ships for a 2.0 group carries
 ``__ascend_patch_group__ = TheGroup``; the builder then uses the group's declarative,
-reversible patches instead of running the function. (The seed matched built-in
+reversible patches instead of running the function. (The DrivingSDK patcher matched built-in
 functions by ``__name__``, so a user's own function called ``index`` was silently
 swapped for the built-in one.)
 """

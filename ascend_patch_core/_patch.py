@@ -217,7 +217,7 @@ class ModuleHook:
 class LegacyPatch:
     """A 1.0-style patch function ``func(module, options)`` run when ``target_module`` is imported.
 
-    Kept for the seed's 1.0 API. It cannot be reverted exactly (the function may
+    Kept for the DrivingSDK patcher's 1.0 API. It cannot be reverted exactly (the function may
     change anything); revert() reports it as such.
     """
 

@@ -51,7 +51,7 @@ _Self = TypeVar("_Self", bound="Patcher")
 class Patcher:
     """Collects patches and import rules, applies them lazily, reverts them exactly.
 
-    Configuration methods return the patcher, so calls chain as in the seed::
+    Configuration methods return the patcher, so calls chain as in the DrivingSDK patcher::
 
         patcher = Patcher().add(MyPatch).disable("OtherPatch").skip_import("flash_attn")
         report = patcher.apply()
@@ -193,7 +193,7 @@ class Patcher:
         return self
 
     def _add_rule(self, rule: ImportRule) -> None:
-        # Import rules act at once, as in the seed: code between add and apply() may
+        # Import rules act at once, as in the DrivingSDK patcher: code between add and apply() may
         # already import the module. They are declarations, so nothing is imported here.
         self._config.rules.append(rule)
         self._activations.rule(rule, USER)

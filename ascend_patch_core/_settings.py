@@ -56,7 +56,7 @@ __all__ = ["GROUP", "provider_for", "start_settings"]
 #: The entry-point group of setting providers.
 GROUP = "ascend_patch.settings"
 
-#: Where the settings of the seed's API come from, for the error that names what to install.
+#: Where the settings of the DrivingSDK patcher's API come from, for the error that names what to install.
 _DISTRIBUTIONS = {
     "profiling": ("ascend-patch-training", "ascend-patch-core[training]"),
     "brake": ("ascend-patch-training", "ascend-patch-core[training]"),

@@ -4,7 +4,7 @@ A plugin module must import without torch_npu (or mmcv, or transformers) present
 its replacements call them. ``@with_imports("torch_npu")`` defers that import to the
 replacement's first call and then binds the name in the function's *own module
 globals* -- not in a copy, so ``global`` statements keep working (a defect of the
-seed's snapshot copy).
+DrivingSDK patcher's snapshot copy).
 
 Spec forms::
 

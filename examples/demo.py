@@ -2,7 +2,7 @@
 
 ``examples/cuda_project`` imports ``fused_cuda_ops``, a compiled CUDA extension that
 does not exist on this machine, so its training step cannot even be imported. A
-migration package (the shape of ``migrate_to_ascend/`` in the seed's layout) declares:
+migration package (the shape of ``migrate_to_ascend/`` in the layout of DrivingSDK's mx_driving.patcher) declares:
 
 * an import rule serving ``fused_cuda_ops`` from a module factory (the original is
   never executed -- it does not exist);

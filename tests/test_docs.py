@@ -54,3 +54,20 @@ def test_every_relative_link_resolves(page: Path) -> None:
         if not resolved.exists() or REPO not in resolved.parents:
             broken.append(target)
     assert broken == []
+
+
+def test_no_source_says_the_seed() -> None:
+    """Docstrings and comments (help(), tracebacks) name the DrivingSDK patcher too."""
+    sources = [
+        path
+        for folder in ("ascend_patch_core", "kits", "plugins", "examples", "tests")
+        for path in (REPO / folder).rglob("*.py")
+        if path != Path(__file__).resolve()
+    ]
+    found = [
+        f"{_name(path)}:{number}"
+        for path in sources
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"\bthe seed\b|\bseed's\b", line, re.IGNORECASE)
+    ]
+    assert found == []

@@ -1,4 +1,4 @@
-"""The seed's 1.0 API (function patches, PatcherBuilder) and the delegated settings."""
+"""The DrivingSDK patcher's 1.0 API (function patches, PatcherBuilder) and the delegated settings."""
 
 from __future__ import annotations
 

@@ -255,7 +255,7 @@ class _Recorder:
 def test_on_an_npu_torch_npu_profiler_gets_the_schedule_by_keyword(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: int
 ) -> None:
-    """torch_npu.profiler: warmup and active by keyword (the seed swapped them), repeat+1 cycles, the seed's levels."""
+    """torch_npu.profiler: warmup and active by keyword (the DrivingSDK patcher swapped them), repeat+1 cycles, the DrivingSDK patcher's levels."""
     recorder = _Recorder()
     package = types.ModuleType("torch_npu")
     package.profiler = recorder  # type: ignore[attr-defined]

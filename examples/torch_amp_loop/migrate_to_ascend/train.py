@@ -1,4 +1,4 @@
-"""Ascend entry point (the seed's layout): apply ascend-patch, then run the unmodified train.py.
+"""Ascend entry point, in the layout of DrivingSDK's mx_driving.patcher: apply ascend-patch, run train.py.
 
     python migrate_to_ascend/train.py [train.py's arguments]
 

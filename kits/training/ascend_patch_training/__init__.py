@@ -7,7 +7,7 @@ package uses only the engine's public API (``Patcher.installed()``, its report,
 ``ascend_patch_core.imports``). The pieces:
 
 * ``_steps``: one notion of a training step, counted from optimizer steps;
-* ``_profiler``: torch_npu.profiler / torch.profiler on the seed's schedule;
+* ``_profiler``: torch_npu.profiler / torch.profiler on the DrivingSDK patcher's schedule;
 * ``_brake``: a clean stop after N steps on every rank;
 * ``_loops``: loop-specific hooks (Trainer, mmengine, mmcv 1.x) for starting and
   for stopping cooperatively;

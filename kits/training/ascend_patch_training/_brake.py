@@ -9,7 +9,7 @@ When N steps have ended, the profiler is flushed first. Then:
 * in any other loop (plain PyTorch) there is no cooperative way to leave the user's
   ``for`` loop, so the brake raises ``SystemExit(0)`` from the optimizer-step hook,
   after a barrier when ``torch.distributed`` is initialized, so that no rank leaves
-  while another is still in a collective. Exit status 0, like the seed's brake.
+  while another is still in a collective. Exit status 0, like the DrivingSDK patcher's brake.
 
 Every rank counts the same optimizer steps, so every rank stops at the same step.
 If a loop was asked to stop but steps the optimizer again anyway (a custom loop that

@@ -1,10 +1,10 @@
 """``with_profiling``: torch_npu.profiler on an NPU, torch.profiler elsewhere, stepped per training step.
 
-Schedule semantics are the seed's documented ones: ``skip_first`` steps are ignored,
+Schedule semantics are the DrivingSDK patcher's documented ones: ``skip_first`` steps are ignored,
 then ``repeat + 1`` cycles of ``wait`` idle, ``warmup`` and ``active`` traced steps,
 so ``skip_first + (wait + warmup + active) * (repeat + 1)`` steps in all; ``repeat=0``
 means one cycle (not "until training stops", as torch's own ``repeat=0`` would).
-The schedule is always built with keywords (the seed passed warmup and active
+The schedule is always built with keywords (the DrivingSDK patcher passed warmup and active
 positionally, in swapped order). Each cycle writes one trace under ``path``; once
 the last cycle is written the profiler stops, so it costs nothing afterwards.
 """
@@ -208,7 +208,7 @@ def _build_profiler(options: ProfilingOptions) -> tuple[Any, str]:
 
 
 def _build_npu_profiler(npu: Any, options: ProfilingOptions) -> Any:
-    """The seed's mapping: level 0 traces the NPU only, 1 adds the CPU and shapes, 2 memory and stacks."""
+    """The DrivingSDK patcher's mapping: level 0 traces the NPU only, 1 adds the CPU and shapes, 2 memory and stacks."""
     activities = [npu.ProfilerActivity.NPU]
     if options.level >= 1:
         activities.append(npu.ProfilerActivity.CPU)

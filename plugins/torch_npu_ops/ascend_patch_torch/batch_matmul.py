@@ -2,14 +2,14 @@
 
 On the NPU a 4- to 7-d ``matmul`` whose right operand is a column runs on the cube
 unit with one useful output column; the same product as an elementwise multiply
-and a reduction runs on the vector unit. This is the seed's patch (``mx_driving``
+and a reduction runs on the vector unit. This is the DrivingSDK patcher's patch (``mx_driving``
 ``npu_batch_matmul``: fp16/bf16 computed in fp32), with its domain: ranks 4..7,
 equal ranks, broadcastable batch dimensions, ``a`` square with ``a[-1] == b[-2]``,
 ``b[-1] == 1``.
 
-Fixed from the seed: a numpy (or any non-tensor) right operand goes to the
-original (the seed's check crashed on it); ``out=`` goes to the original (the
-seed's replacement had no ``out``); the result keeps the input dtype.
+Fixed from the DrivingSDK patcher: a numpy (or any non-tensor) right operand goes to the
+original (the DrivingSDK patcher's check crashed on it); ``out=`` goes to the original (the
+DrivingSDK patcher's replacement had no ``out``); the result keeps the input dtype.
 """
 
 from __future__ import annotations

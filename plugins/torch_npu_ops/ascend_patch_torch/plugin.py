@@ -39,7 +39,7 @@ def register_patches() -> list[type[Patch]]:
         groups.TorchInternals,
         groups.Distributed,
         groups.Profiler,
-        # The seed's table.
+        # The DrivingSDK patcher's table.
         groups.NumpyCompat,
         groups.BatchMatmul,
     ]

@@ -3,7 +3,7 @@
 The engine only records the request; this module, published in the entry-point
 group ``ascend_patch.settings``, carries it out: once torch_npu is imported it sets
 ``torch.npu.config.allow_internal_format``, and ``revert()`` puts the previous value
-back. Unlike the seed, nothing is forced when the user did not ask.
+back. Unlike the DrivingSDK patcher, nothing is forced when the user did not ask.
 """
 
 from __future__ import annotations

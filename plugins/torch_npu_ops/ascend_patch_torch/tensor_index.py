@@ -4,7 +4,7 @@
 NPU runs as a slow generic path; ``masked_select`` is a single fused kernel there.
 The replacement computes exactly ``x[mask]`` -- values, shape, dtype, gradient --
 for a boolean mask of *k* dimensions matching ``x.shape[:k]``,
-including ``k == 0`` (a 0-d mask), which the seed's patch broadcast into a wrong
+including ``k == 0`` (a 0-d mask), which the DrivingSDK patcher's patch broadcast into a wrong
 shape.
 
 Cost: ``Tensor.__getitem__`` runs on every ``x[...]`` in the program, so a Python

@@ -9,7 +9,7 @@ and the ``torch_scatter.utils`` / ``torch_scatter.composite`` submodules.
 Gradients match too: min/max send the gradient to the arg element only.
 
 Kernels: ``mx_driving.scatter_add`` / ``scatter_mean`` / ``scatter_max`` when mx_driving
-is importable and the input is a float32 NPU tensor in their domain (the seed's
+is importable and the input is a float32 NPU tensor in their domain (the DrivingSDK patcher's
 patch called ``scatter_max`` with five arguments for its three, and cast every input
 to float32); otherwise ``Tensor.scatter_add_`` / ``scatter_reduce_``, which torch_npu
 runs on the NPU.

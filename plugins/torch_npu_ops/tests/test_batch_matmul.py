@@ -67,7 +67,7 @@ def test_out_and_integer_operands_go_to_torch():
 
 
 def test_a_numpy_right_operand_behaves_as_without_the_patch(np, npu_emulator, isolated_patcher):
-    """The seed's check called b.dim() on an ndarray and crashed."""
+    """The DrivingSDK patcher's check called b.dim() on an ndarray and crashed."""
     a = torch.randn(1, 1, 3, 3)
     b = np.random.default_rng(0).standard_normal((1, 1, 3, 1)).astype(np.float32)
     expected = a @ b

@@ -40,7 +40,7 @@ def test_masked_index_equals_indexing(case):
 @pytest.mark.parametrize("value", [True, False])
 @pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
 def test_zero_dim_masks(value, shape):
-    # The seed broadcast a 0-d mask over the tensor and returned the wrong shape.
+    # The DrivingSDK patcher broadcast a 0-d mask over the tensor and returned the wrong shape.
     x = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
     mask = torch.tensor(value)
     expected = ORIGINAL_GETITEM(x, mask)

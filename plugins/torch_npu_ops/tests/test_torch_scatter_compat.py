@@ -179,7 +179,7 @@ def test_mx_driving_kernels_are_called_with_their_own_signatures(npu_emulator, f
 def test_mx_driving_is_not_used_off_its_domain(npu_emulator, fake_mx_driving):
     half = torch.randn(
         4, 2, device="npu"
-    ).half()  # the seed cast this to float32: a silent dtype change
+    ).half()  # the DrivingSDK patcher cast this to float32: a silent dtype change
     index = torch.tensor([0, 1, 1, 0])
     assert compat.scatter_max(half, index, 0)[0].dtype is torch.float16
     compat.scatter_max(torch.randn(4, 2), index, 0, dim_size=3)  # dim_size: not in mx's signature
