@@ -734,11 +734,15 @@ def test_unreadable_and_absurd_files_are_rejected_not_raised(
     for _ in range(1500):
         nested = [nested]
     for content, why in (
-        (b"\x00garbage\xff" * 10, "does not unmarshal"),
-        (marshal.dumps([1, 2]), "does not hold a mapping"),
-        (marshal.dumps(dict(good, groups={"ascend_patch": [nested]})), "cannot be checked"),
+        (b"\x00garbage\xff" * 10, ("does not unmarshal",)),
+        (marshal.dumps([1, 2]), ("does not hold a mapping",)),
+        # Too deep to check on 3.10-3.12; Python 3.13 gets further and names the bad field.
+        (
+            marshal.dumps(dict(good, groups={"ascend_patch": [nested]})),
+            ("cannot be checked", "is malformed"),
+        ),
     ):
         path.write_bytes(content)
         cache = _fresh(monkeypatch, tmp_path / "cache")()
         assert cache.entry_points("ascend_patch") is not None
-        assert cache.hit is False and why in cache.rejected, cache.rejected
+        assert cache.hit is False and any(w in (cache.rejected or "") for w in why), cache.rejected
