@@ -24,7 +24,14 @@ from typing import Any
 from typing import TypeGuard
 
 
-__all__ = ["ROW_FIELDS", "binding_problem", "origin", "requirement_names", "shape_problem"]
+__all__ = [
+    "ROW_FIELDS",
+    "binding_problem",
+    "metadata_name",
+    "origin",
+    "requirement_names",
+    "shape_problem",
+]
 
 #: name, value, group, distribution, version, sys.path entry, metadata directory name.
 ROW_FIELDS = 7
@@ -57,6 +64,38 @@ def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: What a directory listing may name: metadata the scan keeps (see _fingerprint).
+_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+#: Listing names that stand for no directory entry: a zip or egg file on sys.path
+#: (itself), and a directory that could not be read.
+_SPECIAL_NAMES = frozenset({"", "-"})
+
+
+def metadata_name(name: object) -> bool:
+    """Whether ``name`` is a metadata directory's own name, inside its sys.path entry.
+
+    One path component, nothing else: a name with a separator or ``..`` would let a
+    forged listing point the binding at a directory outside sys.path, which then
+    vouches for whatever entry point it declares.
+    """
+    return (
+        isinstance(name, str)
+        and name.endswith(_METADATA_SUFFIXES)
+        and name not in (".", "..")
+        and os.sep not in name
+        and (os.altsep is None or os.altsep not in name)
+        and "\0" not in name
+    )
+
+
+def _listing_item(item: object) -> bool:
+    return (
+        _seq(item, 2)
+        and (item[0] in _SPECIAL_NAMES or metadata_name(item[0]))
+        and _int(item[1])
+    )
+
+
 def _paths_problem(paths: object) -> str | None:
     if not isinstance(paths, dict):
         return "paths is not a mapping"
@@ -66,7 +105,7 @@ def _paths_problem(paths: object) -> str | None:
         stamp, listing = item
         if not (stamp is None or (_seq(stamp, 3) and all(map(_int, stamp)))):
             return f"paths[{entry!r}] has a malformed stamp"
-        if not (_seq(listing) and all(_seq(i, 2) and _str(i[0]) and _int(i[1]) for i in listing)):
+        if not (_seq(listing) and all(map(_listing_item, listing))):
             return f"paths[{entry!r}] has a malformed listing"
     return None
 
@@ -221,6 +260,8 @@ class _Binder:
         return self.checked[key]
 
     def _located(self, entry: str, name: str, project: str, version: str) -> str | None:
+        if not metadata_name(name):
+            return f"{name!r} is not the name of a metadata directory"
         listed = self.paths.get(entry)
         if listed is None:
             return f"{entry!r} is not on sys.path"

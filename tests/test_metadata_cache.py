@@ -392,6 +392,22 @@ def test_doctor_reports_a_malformed_cache_and_removes_it(box: Box) -> None:
     assert box.apply()["hit"] is False
 
 
+# A distribution the forger installs outside sys.path, declaring the evil entry point.
+OUTSIDE = (
+    "ev = os.path.join(os.path.dirname(site), 'outside', 'apx_evil-1.0.dist-info');"
+    "os.makedirs(ev, exist_ok=True);"
+    "open(os.path.join(ev, 'METADATA'), 'w').write("
+    "'Metadata-Version: 2.1\\nName: apx-evil\\nVersion: 1.0\\n');"
+    "open(os.path.join(ev, 'entry_points.txt'), 'w').write("
+    "'[ascend_patch]\\napx_evil = apx_evil_mod\\n');"
+)
+LIST_AND_ROW = (
+    "data['paths'][site][1].append([name, os.stat(ev).st_mtime_ns]);"
+    "data['paths'][site][1].sort();"
+    "data['groups']['ascend_patch'].append(('apx_evil', 'apx_evil_mod', 'ascend_patch', "
+    "'apx-evil', '1.0', site, name))"
+)
+
 FORGED_ROWS = {
     # An installed distribution that declares this entry point, but as a console script.
     "undeclared": (
@@ -414,6 +430,26 @@ FORGED_ROWS = {
         "'apx-box', '1.0', None, None))",
         False,
         "not tied to a metadata directory",
+    ),
+    # A real distribution the forger made outside sys.path, reached from a listing of the
+    # site by a relative path (an absolute one below); the key recomputed to match.
+    "outside-by-relative-path": (
+        OUTSIDE + "name = os.path.relpath(ev, site);" + LIST_AND_ROW,
+        True,
+        "has a malformed listing",
+    ),
+    "outside-by-absolute-path": (
+        OUTSIDE + "name = ev;" + LIST_AND_ROW,
+        True,
+        "has a malformed listing",
+    ),
+    # The listing honest, the row's metadata name a path: refused by name.
+    "row-names-a-path": (
+        OUTSIDE
+        + "data['groups']['ascend_patch'].append(('apx_evil', 'apx_evil_mod', 'ascend_patch', "
+        "'apx-evil', '1.0', site, os.path.relpath(ev, site)))",
+        False,
+        "is not the name of a metadata directory",
     ),
 }
 
