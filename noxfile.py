@@ -194,21 +194,21 @@ def torch_scatter_wheels(session: nox.Session) -> Path:
     """A folder holding a torch_scatter wheel built for this session's torch.
 
     torch_scatter ships only an sdist whose build takes ~5 min on 2 cores, so the
-    wheel is built once per torch version and kept (ASCEND_PATCH_WHEEL_CACHE, default
+    wheel is built once per torch version and Python and kept (ASCEND_PATCH_WHEEL_CACHE, default
     ~/.cache/ascend-patch/wheels); CI keeps that folder between runs to skip the build.
     """
     import os
 
-    torch_version = session.run(
-        "python", "-c", "import torch; print(torch.__version__)", silent=True
-    )
+    probe = "import sys, torch; print(torch.__version__, 'cp%d%d' % sys.version_info[:2])"
+    torch_version, python_tag = str(session.run("python", "-c", probe, silent=True)).split()
     root = Path(
         os.environ.get(
             "ASCEND_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "ascend-patch" / "wheels"
         )
     )
-    folder = root / f"torch-{str(torch_version).strip()}"
-    if not any(folder.glob("torch_scatter-2.1.2-*.whl")):
+    folder = root / f"torch-{torch_version}"
+    # The wheel is compiled for one Python: sessions run on whatever python3 runs dev.py.
+    if not any(folder.glob(f"torch_scatter-2.1.2-{python_tag}-*.whl")):
         session.log(f"building {TORCH_SCATTER} from source into {folder} (about 5 minutes, once)")
         session.run(
             "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(folder), TORCH_SCATTER
