@@ -28,7 +28,8 @@ def two_devices():
 # --------------------------------------------------------------------------- streams
 
 
-def test_stream_context_selects_the_stream_on_its_device_only(two_devices):
+def test_stream_context_makes_the_stream_and_its_device_current(two_devices):
+    """As torch_npu's setStream: the stream's device becomes current; the block's end restores both."""
     main = torch.npu.current_stream()
     side = torch.npu.Stream()
     other_device = torch.npu.Stream(device=1)
@@ -36,12 +37,17 @@ def test_stream_context_selects_the_stream_on_its_device_only(two_devices):
     with torch.npu.StreamContext(side):
         assert torch.npu.current_stream() == side
         with torch.npu.stream(other_device):
-            # The stream of device 1 is current there; the current device stays 0.
-            assert torch.npu.current_device() == 0
-            assert torch.npu.current_stream(1) == other_device
-            assert torch.npu.current_stream() == side
+            assert torch.npu.current_device() == 1
+            assert torch.npu.current_stream() == other_device
+            assert torch.npu.current_stream(0) == side
+        assert torch.npu.current_device() == 0
+        assert torch.npu.current_stream() == side
         assert torch.npu.current_stream(1) == torch.npu.default_stream(1)
     assert torch.npu.current_stream() == main
+    torch.npu.set_stream(other_device)
+    assert torch.npu.current_device() == 1 and torch.npu.current_stream() == other_device
+    torch.npu.set_stream(main)
+    assert torch.npu.current_device() == 0 and torch.npu.current_stream() == main
     with torch.npu.stream(None):  # a no-op, as in torch_npu
         assert torch.npu.current_stream() == main
     torch.npu.set_stream(None)

@@ -199,19 +199,28 @@ def current_stream(device: Any = None) -> Stream:
 
 
 def set_stream(stream: Stream | None) -> None:
-    """Make ``stream`` current on its device, for this thread (None: no-op, as torch_npu)."""
+    """Make ``stream`` current on its device, for this thread (None: no-op, as torch_npu).
+
+    Its device becomes the current device too, as torch_npu's ``setStream`` (and
+    CUDA's) switch to the stream's device: ``device="npu"`` allocations inside
+    ``with torch.npu.stream(s):`` go to ``s``'s device.
+    """
     if stream is None:
         return
     if not hasattr(_current_streams, "by_device"):
         _current_streams.by_device = {}
     _current_streams.by_device[stream.device_index] = stream
+    if state.current != stream.device_index:
+        state.current = stream.device_index
 
 
 class StreamContext:
     """``with torch.npu.StreamContext(s):`` makes ``s`` current on its device for the block.
 
-    As torch_npu's: a no-op for None; the current *device* does not change; if ``s``
-    is on another device, that device's current stream is restored on exit too.
+    As torch_npu's (and CUDA's): a no-op for None; inside the block ``s``'s device is
+    the current device (:func:`set_stream`); on exit the previous stream is made
+    current again, which restores the previous device, and if ``s`` is on another
+    device that device's previous current stream is restored too.
     """
 
     def __init__(self, stream: Stream | None) -> None:
