@@ -8,6 +8,7 @@ machinery and no command imports torch.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Sequence
 
@@ -213,6 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "run":
         # The program's output is the program's business, as under python.
         return _run(run_parser, args[1:])
+    command = next((a for a in args if not a.startswith("-")), None)
+    prefix = " ".join(filter(None, ["ascend-patch", command]))
+    if sys.stdout is None:  # started with stdout closed (`>&-`): the output has nowhere to go
+        print(f"{prefix}: cannot write the output: standard output is closed", file=sys.stderr)
+        return 1
     try:
         try:
             status = _command(parser, args)
@@ -221,13 +227,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _stdout_to_devnull()
         return PIPE_CLOSED_STATUS
+    except OSError as error:
+        if error.errno not in _OUTPUT_ERRORS:
+            raise
+        # The output could not be written (a full disk, /dev/full): say so in one line,
+        # as Unix tools do, and keep Python's flush at exit from failing again.
+        _stdout_to_devnull()
+        print(f"{prefix}: cannot write the output: {error.strerror}", file=sys.stderr)
+        return 1
     except PatchDefinitionError as error:
         # A setting no command can honour (ASCEND_PATCH_STRICT=maybe, say): its message
         # names the variable and the accepted values; a traceback would only bury it.
-        command = next((a for a in args if not a.startswith("-")), None)
-        print(f"{' '.join(filter(None, ['ascend-patch', command]))}: {error}", file=sys.stderr)
+        print(f"{prefix}: {error}", file=sys.stderr)
         return 2
     return status
+
+
+#: errno values of a failed write to stdout (BrokenPipeError, EPIPE, is handled apart).
+_OUTPUT_ERRORS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOSPC", "EIO", "EFBIG", "EDQUOT", "EBADF", "EROFS")
+    if hasattr(errno, name)
+)
 
 
 def _stdout_to_devnull() -> None:
@@ -238,7 +259,7 @@ def _stdout_to_devnull() -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # no real file descriptor (stdout replaced)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (stdout replaced)
         pass
 
 
