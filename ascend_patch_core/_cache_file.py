@@ -86,9 +86,14 @@ def open_private(path: str, *, ours: bool) -> tuple[BinaryIO | None, str | None,
     problem = untrusted(dir_stat, f"the cache directory {directory}")
     if problem:
         if ours and dir_stat.st_uid == _uid():
+            # Repaired, the directory is trusted from now on: a note, not a refusal. A
+            # file written while it was open is not read; this run writes a new one.
             _, repaired = prepare_directory(directory, ours=True)
-            why = "the cache file in it could have been written by others: not read, rewritten"
-            return None, why, repaired
+            if repaired and os.path.lexists(path):
+                repaired += (
+                    "; the cache file written while it was open is not read, and is replaced"
+                )
+            return None, None, repaired
         return None, f"{problem}; the cache in it is neither read nor written", None
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:

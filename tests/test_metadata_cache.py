@@ -734,7 +734,9 @@ def test_the_default_directory_left_open_by_an_older_release_is_made_private(
 
     found = _doctor_cache_findings()
     assert "made it private (0700)" in found["cache-repaired"]
-    assert "cache-refused" in found  # the file in it was not trusted that time
+    assert "is not read, and is replaced" in found["cache-repaired"]  # the file it held
+    # Repaired is the whole story: no warning that says to chmod what was just fixed.
+    assert "cache-refused" not in found
     assert _mode(directory) == 0o700
     cache = MetadataCache()
     cache.entry_points("ascend_patch")
@@ -742,6 +744,23 @@ def test_the_default_directory_left_open_by_an_older_release_is_made_private(
     again = MetadataCache()
     again.entry_points("ascend_patch")
     assert again.hit is True and again.refused is None
+
+
+def test_an_open_default_directory_without_a_file_is_repaired_without_talk_of_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0777 ~/.cache/ascend-patch and no cache file yet: one note, that it was made private."""
+    monkeypatch.delenv("ASCEND_PATCH_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    directory = tmp_path / "xdg" / "ascend-patch"
+    directory.mkdir(parents=True)
+    directory.chmod(0o777)
+
+    found = _doctor_cache_findings()
+
+    assert "made it private (0700)" in found["cache-repaired"]
+    assert "file" not in found["cache-repaired"] and "cache-refused" not in found
+    assert _mode(directory) == 0o700
 
 
 def test_a_symbolic_link_in_place_of_the_cache_file_is_not_followed(
