@@ -28,6 +28,7 @@ __all__ = [
     "ROW_FIELDS",
     "binding_problem",
     "metadata_name",
+    "normalize_name",
     "origin",
     "requirement_names",
     "shape_problem",
@@ -40,7 +41,7 @@ ROW_FIELDS = 7
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
-def _normalize(name: str) -> str:
+def normalize_name(name: str) -> str:
     """PEP 503: runs of ``-_.`` become one ``-``, lower case."""
     name = name.lower().replace("_", "-").replace(".", "-")
     while "--" in name:
@@ -89,11 +90,7 @@ def metadata_name(name: object) -> bool:
 
 
 def _listing_item(item: object) -> bool:
-    return (
-        _seq(item, 2)
-        and (item[0] in _SPECIAL_NAMES or metadata_name(item[0]))
-        and _int(item[1])
-    )
+    return _seq(item, 2) and (item[0] in _SPECIAL_NAMES or metadata_name(item[0])) and _int(item[1])
 
 
 def _paths_problem(paths: object) -> str | None:
@@ -170,7 +167,7 @@ def _project(metadata_name: str) -> str:
     The rule importlib.metadata applies: the name is what precedes the first dash.
     """
     stem = metadata_name.rpartition(".")[0] if "." in metadata_name else metadata_name
-    return _normalize(stem.partition("-")[0])
+    return normalize_name(stem.partition("-")[0])
 
 
 def origin(path: object, entries: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -195,7 +192,7 @@ def requirement_names(text: str) -> list[str]:
         while end < len(head) and head[end] in _NAME_CHARS:
             end += 1
         if end and head[0].isalnum():
-            names.append(_normalize(head[:end]))
+            names.append(normalize_name(head[:end]))
     return names
 
 
@@ -277,7 +274,7 @@ class _Binder:
             return f"{path} does not exist"
         if mtime != listing[name]:
             return f"{path} is not the one listed (modified since)"
-        if _project(name) != _normalize(project):
+        if _project(name) != normalize_name(project):
             return f"{path} is not {project}'s metadata"
         named = name.rpartition(".")[0].partition("-")[2] if name.endswith(".dist-info") else ""
         if named != version and _header_version(path) != version:

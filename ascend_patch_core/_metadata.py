@@ -34,6 +34,7 @@ from typing import Any
 
 from . import _cache_file
 from . import _cache_validation
+from ._cache_validation import normalize_name
 from ._fingerprint import fingerprint
 from ._value import Value
 
@@ -41,21 +42,6 @@ from ._value import Value
 __all__ = ["EntryPointInfo", "MetadataCache", "metadata", "normalize_name"]
 
 _FORMAT = 6
-
-
-def normalize_name(name: str) -> str:
-    """PEP 503 normalization: 'Ascend_Patch.Core' -> 'ascend-patch-core'."""
-    out = []
-    previous_dash = False
-    for ch in name.lower():
-        if ch in "-_.":
-            if not previous_dash:
-                out.append("-")
-            previous_dash = True
-        else:
-            out.append(ch)
-            previous_dash = False
-    return "".join(out)
 
 
 class EntryPointInfo(Value):
