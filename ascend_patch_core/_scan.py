@@ -7,22 +7,26 @@ declarations alone (see docs/cli.md, "What covers a finding"): a finding is cove
 when a patch targets one of its *candidate* targets (or an object containing or
 contained in it), or an import rule serves its module.
 
-This module walks the tree and assembles the ``ascend-patch-scan/1`` object; the
-finder is :mod:`._scan_visitor`, the coverage index :mod:`._scan_coverage`, the
-text report :mod:`._scan_text`, the rule tables :mod:`._scan_rules`.
+This module assembles the ``ascend-patch-scan/1`` object; the files come from
+:mod:`._scan_files` (regular files only), the finder is :mod:`._scan_visitor`, the
+coverage index :mod:`._scan_coverage`, the text report :mod:`._scan_text`, the rule
+tables :mod:`._scan_rules`.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from collections import Counter
 from collections.abc import Iterable
-from collections.abc import Iterator
 from typing import Any
 
 from ._declarations import Inventory
 from ._scan_coverage import CoverageIndex
+from ._scan_files import NotARegularFile
+from ._scan_files import cuda_sources
+from ._scan_files import python_files
+from ._scan_files import read_source
+from ._scan_files import relative
 from ._scan_rules import CUDA_ONLY_MODULES
 from ._scan_rules import RULES
 from ._scan_text import render
@@ -44,71 +48,6 @@ __all__ = [
 
 SCHEMA = "ascend-patch-scan/1"
 
-_SKIP_DIRS = {
-    ".git",
-    ".hg",
-    ".svn",
-    ".tox",
-    ".nox",
-    ".mypy_cache",
-    ".pytest_cache",
-    ".ruff_cache",
-    "__pycache__",
-    "node_modules",
-    "site-packages",
-    "build",
-    "dist",
-}
-
-
-# ---------------------------------------------------------------------------- the tree
-
-
-def _python_files(root: str, exclude: Iterable[str]) -> Iterator[str]:
-    patterns = list(exclude)
-    if os.path.isfile(root):
-        yield root
-        return
-    for directory, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(
-            d
-            for d in subdirs
-            if d not in _SKIP_DIRS
-            and not d.startswith(".venv")
-            and not d.endswith(".egg-info")
-            and not _excluded(os.path.join(directory, d), root, patterns)
-        )
-        for name in sorted(files):
-            path = os.path.join(directory, name)
-            if name.endswith(".py") and not _excluded(path, root, patterns):
-                yield path
-
-
-def _cuda_sources(root: str, exclude: Iterable[str]) -> list[str]:
-    if os.path.isfile(root):
-        return []
-    patterns = list(exclude)
-    out = []
-    for directory, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if d not in _SKIP_DIRS and not d.startswith(".venv"))
-        for name in sorted(files):
-            path = os.path.join(directory, name)
-            if name.endswith((".cu", ".cuh")) and not _excluded(path, root, patterns):
-                out.append(_relative(path, root))
-    return out
-
-
-def _excluded(path: str, root: str, patterns: list[str]) -> bool:
-    relative = _relative(path, root)
-    return any(
-        fnmatch.fnmatch(relative, p) or fnmatch.fnmatch(os.path.basename(path), p) for p in patterns
-    )
-
-
-def _relative(path: str, root: str) -> str:
-    base = root if os.path.isdir(root) else os.path.dirname(root)
-    return os.path.relpath(path, base or ".").replace(os.sep, "/")
-
 
 def scan(
     root: str,
@@ -116,36 +55,38 @@ def scan(
     inventory: Inventory | None = None,
     exclude: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """Scan every ``.py`` file under ``root``; the ``ascend-patch-scan/1`` JSON object."""
-    import tokenize
+    """Scan every ``.py`` file under ``root``; the ``ascend-patch-scan/1`` JSON object.
 
+    ``files_scanned`` counts the files read and parsed; every other ``.py`` entry --
+    a file that does not parse or cannot be read, a FIFO, a device -- is listed under
+    ``parse_errors`` with the reason, and counted by ``files_not_scanned``.
+    """
     index = CoverageIndex(inventory)
     exclude = list(exclude)
     findings: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     files = 0
     files_with = 0
-    for path in _python_files(root, exclude):
-        files += 1
-        relative = _relative(path, root)
+    for path in python_files(root, exclude):
+        rel = relative(path, root)
         try:
-            with tokenize.open(path) as fh:
-                source = fh.read()
-            found = scan_source(source, relative)
+            found = scan_source(read_source(path), rel)
         except SyntaxError as exc:
-            errors.append(
-                {"path": relative, "line": exc.lineno, "error": f"SyntaxError: {exc.msg}"}
-            )
+            errors.append({"path": rel, "line": exc.lineno, "error": f"SyntaxError: {exc.msg}"})
+            continue
+        except NotARegularFile as exc:
+            errors.append({"path": rel, "line": None, "error": str(exc)})
             continue
         except (OSError, UnicodeDecodeError, ValueError) as exc:
-            errors.append({"path": relative, "line": None, "error": f"{type(exc).__name__}: {exc}"})
+            errors.append({"path": rel, "line": None, "error": f"{type(exc).__name__}: {exc}"})
             continue
         except (RecursionError, MemoryError) as exc:
             # Nested beyond what Python's parser can hold even with room to recurse:
             # CPython cannot compile the file either.
             reason = f"{type(exc).__name__}: too deeply nested for Python's parser"
-            errors.append({"path": relative, "line": None, "error": reason})
+            errors.append({"path": rel, "line": None, "error": reason})
             continue
+        files += 1
         files_with += bool(found)
         for finding in found:
             is_covered, covered_by, possibly = index.judge(finding.candidates, finding.uses)
@@ -192,9 +133,10 @@ def scan(
         "schema": SCHEMA,
         "root": os.path.abspath(root),
         "files_scanned": files,
+        "files_not_scanned": len(errors),
         "files_with_findings": files_with,
         "parse_errors": errors,
-        "cuda_source_files": _cuda_sources(root, exclude),
+        "cuda_source_files": cuda_sources(root, exclude),
         "plugins": plugins,
         "summary": {
             "findings": len(findings),
@@ -225,7 +167,7 @@ def exit_status(result: dict[str, Any], *, check: bool = False) -> int:
     file could not be scanned (a file not read cannot be vouched for; ``--exclude`` it).
     """
     errors = len(result["parse_errors"])
-    if errors and errors == result["files_scanned"]:
+    if errors and not result["files_scanned"]:
         return 1
     if check and (result["summary"]["not_covered"] or errors):
         return 1

@@ -5,7 +5,9 @@ finding"): a finding is covered when a patch targets one of its *candidate*
 targets (or an object containing or contained in it), or an import rule serves
 its module. A candidate is also looked up where the installed library defines it
 (:mod:`._scan_library`), so ``torch.cuda.amp.GradScaler`` is judged by the patch of
-``torch.amp.grad_scaler.GradScaler.__init__`` that the run applies. A device value
+``torch.amp.grad_scaler.GradScaler.__init__`` that the run applies; a module is
+covered when something in it is, including the names it exports from elsewhere, so
+``from torch.cuda import amp`` is judged by its ``GradScaler`` and ``autocast``. A device value
 consumed elsewhere is covered when each of its uses is (:mod:`._scan_values`).
 Module hooks only ever *possibly* cover a finding.
 """
@@ -24,6 +26,9 @@ from ._scan_rules import matches_module
 
 __all__ = ["CoverageIndex"]
 
+#: How deep into a package's submodules a module's verdict looks.
+_MAX_MODULE_DEPTH = 4
+
 
 class CoverageIndex:
     """The installed plugins' declarations, indexed for finding what covers a target."""
@@ -33,6 +38,8 @@ class CoverageIndex:
         self.hooks: list[tuple[str, dict[str, Any]]] = []
         self.rules: list[tuple[str, str | None, dict[str, Any]]] = []
         self._library: LibrarySource | None = None
+        #: Module name -> what covers something in it (see _in_module).
+        self._modules: dict[str, dict[tuple[str, str, str], dict[str, Any]]] = {}
         if inventory is None:
             return
         for patch in inventory.patches():
@@ -94,8 +101,12 @@ class CoverageIndex:
         found: dict[tuple[str, str, str], dict[str, Any]] = {}
         possible: dict[tuple[str, str], dict[str, Any]] = {}
         for literal in candidates:
+            before = len(found)
             for candidate in (Definition(literal), *self._definitions(literal)):
                 self._match(candidate, found)
+            if len(found) == before and (self.patches or self.rules):
+                for key, entry in self._in_module(literal, 0).items():
+                    found.setdefault(key, entry)
             containers = _containers(literal)
             for pattern, entry in self.hooks:
                 if any(fnmatch.fnmatchcase(c, pattern) for c in containers):
@@ -103,9 +114,35 @@ class CoverageIndex:
         return [_public(e) for e in found.values()], [_public(e) for e in possible.values()]
 
     def _definitions(self, name: str) -> tuple[Definition, ...]:
+        return self._source().definitions(name)
+
+    def _in_module(self, name: str, depth: int) -> dict[tuple[str, str, str], dict[str, Any]]:
+        """What covers something the module ``name`` exports (nothing if it is no module).
+
+        A module is covered, as ``import torch.cuda`` is by the patches of the functions
+        in it, when something in it is -- including what it exports from elsewhere,
+        judged where that is defined (``torch.cuda.amp.GradScaler``), and its submodules.
+        """
+        known = self._modules.get(name)
+        if known is not None:
+            return known
+        self._modules[name] = {}  # while under way: a package exporting itself is no loop
+        found: dict[tuple[str, str, str], dict[str, Any]] = {}
+        members = self._source().exports(name) if depth <= _MAX_MODULE_DEPTH else ()
+        for member in members:
+            for candidate in (Definition(member), *self._definitions(member)):
+                self._match(candidate, found)
+        for member in members if not found else ():
+            found.update(self._in_module(member, depth + 1))
+            if found:
+                break
+        self._modules[name] = found
+        return found
+
+    def _source(self) -> LibrarySource:
         if self._library is None:
             self._library = LibrarySource()
-        return self._library.definitions(name)
+        return self._library
 
     def _match(
         self, candidate: Definition, found: dict[tuple[str, str, str], dict[str, Any]]

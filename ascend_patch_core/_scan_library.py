@@ -55,6 +55,8 @@ class _Module:
         self.locations = list(locations)
         self.bindings: dict[str, list[_Binding]] = {}
         self.stars: list[str] = []
+        #: ``__all__`` when the module spells it out as a list or tuple of strings.
+        self.public: list[str] | None = None
 
     def bind(self, name: str, binding: _Binding) -> None:
         self.bindings.setdefault(name, []).append(binding)
@@ -85,6 +87,8 @@ class _Module:
                         self.bind(
                             alias.asname or alias.name, _Binding("ref", f"{source}.{alias.name}")
                         )
+            elif isinstance(node, ast.Assign) and _declares_all(node):
+                self.public = _strings(node.value)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(
                 node.value, (ast.Name, ast.Attribute)
             ):
@@ -135,6 +139,30 @@ class LibrarySource:
                 found = ()
             self._definitions[name] = found
         return found
+
+    def exports(self, name: str) -> tuple[str, ...]:
+        """The public names of the module ``name`` is, as ``module.member`` (empty for
+        anything else, or a module whose source cannot be read).
+
+        Its ``__all__`` when spelt out; otherwise the public functions and classes it
+        defines and the public names it imports from inside itself (``from .x import y``),
+        not what it merely imports from elsewhere.
+        """
+        module = self._module(name)
+        if module is None:
+            found = (d.name for d in self.definitions(name) if d.role == "same")
+            module = next(filter(None, (self._modules.get(n) for n in found)), None)
+        if module is None:
+            return ()
+        if module.public is not None:
+            members = module.public
+        else:
+            members = [
+                member
+                for member, bindings in module.bindings.items()
+                if not member.startswith("_") and any(_own(module, b) for b in bindings)
+            ]
+        return tuple(f"{name}.{member}" for member in dict.fromkeys(members))
 
     # -- following names -------------------------------------------------------------
 
@@ -299,6 +327,24 @@ def _parse_file(path: str) -> ast.Module | None:
             return ast.parse(fh.read(), filename=path)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
+
+
+def _declares_all(node: ast.Assign) -> bool:
+    return any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+
+
+def _strings(node: ast.expr) -> list[str] | None:
+    if not isinstance(node, (ast.List, ast.Tuple)):
+        return None
+    names = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+    return [n for n in names if isinstance(n, str)] if len(names) == len(node.elts) else None
+
+
+def _own(module: _Module, binding: _Binding) -> bool:
+    """Whether ``binding`` defines the name in ``module`` or brings it from inside it."""
+    if binding.kind in ("def", "class"):
+        return True
+    return binding.kind == "ref" and str(binding.value).startswith(module.name + ".")
 
 
 def _delegated(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[ast.expr, ...]:

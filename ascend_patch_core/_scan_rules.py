@@ -11,6 +11,7 @@ import re
 
 __all__ = [
     "CUDA_ONLY_MODULES",
+    "DEVICE_FIRST_ARGUMENT",
     "DEVICE_KEYWORDS",
     "RULES",
     "cuda_only",
@@ -48,6 +49,15 @@ CUDA_ONLY_MODULES: dict[str, str] = {
 
 #: Keyword arguments that name a device.
 DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
+
+#: torch's functions that take a device as their first argument.
+DEVICE_FIRST_ARGUMENT = (
+    "torch.device",
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.amp.GradScaler",
+    "torch.set_default_device",
+)
 
 
 def is_cuda_string(value: object) -> bool:

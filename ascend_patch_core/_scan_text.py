@@ -13,15 +13,20 @@ from ._scan_rules import RULES
 
 __all__ = ["render"]
 
+#: How the reason of a file that was read but did not parse begins (docs/cli.md).
+_PARSE_FAILURES = ("SyntaxError", "ValueError", "RecursionError", "MemoryError")
+
 
 def render(
     result: dict[str, Any], *, verbose: bool = False, stream: TextIO | None = None, limit: int = 20
 ) -> str:
     style = Style(stream if stream is not None else sys.stdout)
     summary = result["summary"]
+    unread = len(result["parse_errors"])
     lines = [
         style.paint("ascend-patch scan", "bold")
-        + f"  {result['root']}  ({result['files_scanned']} Python files"
+        + f"  {result['root']}  ({result['files_scanned']} Python files scanned"
+        + (f", {unread} not scanned" if unread else "")
         + (
             f", {len(result['cuda_source_files'])} CUDA sources"
             if result["cuda_source_files"]
@@ -91,11 +96,12 @@ def render(
 
     total = summary["findings"]
     gap = summary["not_covered"]
-    unread = len(result["parse_errors"])
     lines.append("")
-    if unread and unread == result["files_scanned"]:
+    if unread and not result["files_scanned"]:
+        unparsable = all(e["error"].startswith(_PARSE_FAILURES) for e in result["parse_errors"])
+        why = "parses" if unparsable else "could be read and parsed"
         lines.append(
-            style.level("error", f"Nothing was scanned: none of the {unread} Python files parses.")
+            style.level("error", f"Nothing was scanned: none of the {unread} Python files {why}.")
         )
     elif total == 0:
         lines.append(style.level("ok", "No CUDA-only constructs found."))
@@ -110,6 +116,7 @@ def render(
             lines.append(
                 "Most frequent: " + ", ".join(f"{s['symbol']} ({s['count']})" for s in top)
             )
-    if unread and unread < result["files_scanned"]:
-        lines.append(f"Not scanned: {unread} of {result['files_scanned']} files (listed above).")
+    if unread and result["files_scanned"]:
+        found = unread + result["files_scanned"]
+        lines.append(f"Not scanned: {unread} of {found} files (listed above).")
     return "\n".join(lines)

@@ -9,6 +9,12 @@ targets (any one covering patch redirects that use), and the value is covered wh
 every use is. A value passed to the project's own functions is not followed; one
 with no use in sight (returned, stored on ``self``) is judged by the consumers such
 values reach most: ``Tensor.to`` and ``Module.to`` (docs/cli.md, "What covers a finding").
+
+A name is followed within its scope only, and kept simple: a nested function that
+binds the same name (a parameter, an assignment) has a name of its own and is left
+out; ``torch.device(name)`` passes the value on to wherever that device goes. A
+string bound to a name (``dev = "cuda"``) is a device value when the name is bound
+once in its scope and passed there as a device (:meth:`DeviceValues.bound_string`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from collections.abc import Iterator
+from typing import Any
 
+from ._scan_rules import DEVICE_FIRST_ARGUMENT
 from ._scan_rules import DEVICE_KEYWORDS
 from ._scan_rules import matches_module
 
@@ -61,6 +69,9 @@ GENERIC_USES: Uses = (
 CONTEXT_USE = ("torch.device.__enter__", "torch.utils._device.DeviceContext.__init__")
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+#: How many ``torch.device(name)`` hops a value is followed through.
+_MAX_HOPS = 4
 
 
 class DeviceValues:
@@ -80,9 +91,9 @@ class DeviceValues:
         self._resolve = resolve
         self._candidates = candidates
         self._parents = parents
-        self._by_scope: dict[int, dict[str, list[tuple[str, ...]]]] = {}
+        self._by_name: dict[tuple[int, str], list[tuple[str, ...]]] = {}
 
-    def uses(self, value: ast.AST, *, parameter: str | None = None) -> Uses:
+    def uses(self, value: ast.AST, *, parameter: str | None = None, hops: int = 0) -> Uses:
         """The uses of ``value``: a ``torch.device(...)`` call or a parameter default.
 
         ``parameter`` names the parameter a default belongs to.
@@ -93,7 +104,7 @@ class DeviceValues:
             name = parameter or _parameter_of(value, parent)
             function = self._parents.get(id(parent)) if parent is not None else None
             if name is not None and function is not None:
-                found = self._scope_uses(function).get(name, [])
+                found = self._name_uses(function, name, hops)
         elif isinstance(parent, ast.withitem) and parent.context_expr is value:
             found = [CONTEXT_USE]
         elif isinstance(parent, ast.keyword) or (
@@ -105,7 +116,23 @@ class DeviceValues:
         else:
             name = _bound_name(value, parent)
             if name is not None:
-                found = self._scope_uses(self._scope_of(value)).get(name, [])
+                found = self._name_uses(self._scope_of(value), name, hops)
+        return tuple(dict.fromkeys(found)) if found else GENERIC_USES
+
+    def bound_string(self, literal: ast.Constant, name: str) -> Uses | None:
+        """The uses of a device string bound to ``name`` (``dev = "cuda"``), or None when
+        it is no device value: the name is bound more than once in its scope, or never
+        passed there as a device (to torch or to any other call)."""
+        scope = self._scope_of(literal)
+        nodes = list(_visible(scope, name))
+        bindings = sum(
+            isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+            for n in nodes
+        ) + (isinstance(scope, _FUNCTIONS) and name in _parameters(scope))
+        calls = [n for n in nodes if isinstance(n, ast.Call)]
+        if bindings != 1 or not any(self._passes(call, name) for call in calls):
+            return None
+        found = self._name_uses(scope, name, 0)
         return tuple(dict.fromkeys(found)) if found else GENERIC_USES
 
     # -- helpers ----------------------------------------------------------------------
@@ -116,19 +143,40 @@ class DeviceValues:
             current = self._parents.get(id(current))
         return current if current is not None else node
 
-    def _scope_uses(self, scope: ast.AST) -> dict[str, list[tuple[str, ...]]]:
-        """Name -> the consumer groups of the calls in ``scope`` that pass it as a device."""
-        cached = self._by_scope.get(id(scope))
+    def _name_uses(self, scope: ast.AST, name: str, hops: int) -> list[tuple[str, ...]]:
+        """The consumer groups of the calls in ``scope`` that pass ``name`` as a device;
+        through ``torch.device(name)``, the uses of that device."""
+        key = (id(scope), name)
+        cached = self._by_name.get(key)
         if cached is not None:
             return cached
-        uses: dict[str, list[tuple[str, ...]]] = {}
-        for call in _calls(scope):
-            for name in _device_names(call):
+        self._by_name[key] = []  # while under way: `d = torch.device(d)` is no loop
+        uses: list[tuple[str, ...]] = []
+        for call in (n for n in _visible(scope, name) if isinstance(n, ast.Call)):
+            if name in _device_names(call):
                 group = self._consumer(call)
                 if group:
-                    uses.setdefault(name, []).append(group)
-        self._by_scope[id(scope)] = uses
+                    uses.append(group)
+            elif self._first_argument(call, name):
+                if self._resolve(call.func) != "torch.device":
+                    uses.append(self._candidates(call))
+                elif hops < _MAX_HOPS:
+                    uses += self.uses(call, hops=hops + 1)
+        self._by_name[key] = uses
         return uses
+
+    def _passes(self, call: ast.Call, name: str) -> bool:
+        """Whether ``call`` passes ``name`` in a device position."""
+        return name in _device_names(call) or self._first_argument(call, name)
+
+    def _first_argument(self, call: ast.Call, name: str) -> bool:
+        """``torch.device(name)``, ``torch.autocast(name)``...: a device as first argument."""
+        first = call.args[0] if call.args else None
+        return (
+            isinstance(first, ast.Name)
+            and first.id == name
+            and self._resolve(call.func) in DEVICE_FIRST_ARGUMENT
+        )
 
     def _consumer(self, call: ast.Call) -> tuple[str, ...] | None:
         """The candidates of a call that consumes a device in torch; None for other code."""
@@ -142,8 +190,36 @@ class DeviceValues:
         return None
 
 
-def _calls(scope: ast.AST) -> Iterator[ast.Call]:
-    return (node for node in ast.walk(scope) if isinstance(node, ast.Call))
+def _visible(scope: ast.AST, name: str) -> Iterator[ast.AST]:
+    """The nodes of ``scope`` where ``name`` is the scope's own: nested functions that
+    bind ``name`` themselves (a parameter, an assignment) are left out."""
+    pending: list[ast.AST] = [scope]
+    while pending:
+        node = pending.pop()
+        if node is not scope and isinstance(node, _FUNCTIONS) and _binds(node, name):
+            continue
+        yield node
+        pending.extend(ast.iter_child_nodes(node))
+
+
+def _parameters(function: ast.AST) -> set[str]:
+    arguments: Any = getattr(function, "args", None)
+    parameters = [
+        *arguments.posonlyargs,
+        *arguments.args,
+        *arguments.kwonlyargs,
+        *filter(None, (arguments.vararg, arguments.kwarg)),
+    ]
+    return {p.arg for p in parameters}
+
+
+def _binds(function: ast.AST, name: str) -> bool:
+    if name in _parameters(function):
+        return True
+    return any(
+        isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+        for n in ast.walk(function)
+    )
 
 
 def _device_names(call: ast.Call) -> Iterator[str]:

@@ -15,6 +15,7 @@ from typing import Any
 from typing import NamedTuple
 
 from ._scan_parse import parse
+from ._scan_rules import DEVICE_FIRST_ARGUMENT
 from ._scan_rules import DEVICE_KEYWORDS
 from ._scan_rules import cuda_only
 from ._scan_rules import is_cuda_string
@@ -27,13 +28,6 @@ from ._scan_values import parameter_defaults
 __all__ = ["Finding", "scan_source"]
 
 _INDEX_KEYWORDS = ("device", "device_id")
-_DEVICE_FIRST_ARG = (
-    "torch.device",
-    "torch.autocast",
-    "torch.amp.autocast",
-    "torch.amp.GradScaler",
-    "torch.set_default_device",
-)
 _CPP_EXTENSION = "torch.utils.cpp_extension"
 #: A dotted name longer than this is no API (and building it for a 10,000-link chain costs).
 _MAX_NAME_PARTS = 32
@@ -71,6 +65,8 @@ class _Scanner:
         self._resolved: dict[int, str | None] = {}
         #: (index in findings, value node, parameter name) of device values.
         self._values: list[tuple[int, ast.AST, str | None]] = []
+        #: ``dev = "cuda"``: (the string, the name); a finding if the name is passed as a device.
+        self._bound: list[tuple[ast.Constant, str]] = []
 
     # -- names -----------------------------------------------------------------------
 
@@ -199,7 +195,21 @@ class _Scanner:
                     self._import(node, name, guarded)
         elif isinstance(node, ast.arguments):
             self._defaults(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            self._assignment(node)
         return True
+
+    def _assignment(self, node: ast.Assign | ast.AnnAssign) -> None:
+        """``dev = "cuda"`` (one plain name, a CUDA string): judged in finish()."""
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        value = node.value
+        if (
+            len(targets) == 1
+            and isinstance(targets[0], ast.Name)
+            and isinstance(value, ast.Constant)
+            and is_cuda_string(value.value)
+        ):
+            self._bound.append((value, targets[0].id))
 
     def _import(self, node: ast.AST, name: str, guarded: bool) -> None:
         if matches_module(name, "torch.cuda"):
@@ -277,7 +287,7 @@ class _Scanner:
         first = node.args[0]
         is_to = isinstance(node.func, ast.Attribute) and node.func.attr == "to" and callee is None
         if (is_to and (is_cuda_string(first.value) or _is_index(first.value))) or (
-            callee in _DEVICE_FIRST_ARG
+            callee in DEVICE_FIRST_ARGUMENT
             and (
                 is_cuda_string(first.value) or (callee == "torch.device" and _is_index(first.value))
             )
@@ -350,6 +360,11 @@ class _Scanner:
         for index, node, parameter in self._values:
             finding = self.findings[index]
             self.findings[index] = finding._replace(uses=values.uses(node, parameter=parameter))
+        for literal, name in self._bound:
+            uses = values.bound_string(literal, name)
+            if uses is not None:
+                index = self.add("cuda-device", literal, f"{name} = {literal.value!r}", ())
+                self.findings[index] = self.findings[index]._replace(uses=uses)
         return sorted(self.findings, key=lambda f: (f.line, f.column, f.rule))
 
 

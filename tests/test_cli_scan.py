@@ -238,7 +238,8 @@ def test_check_exclusions_and_parse_errors(tmp_path: Path, site: Path) -> None:
     clean = scan(tmp_path, site, "--check", str(tree / "clean.py"))
     missing = scan(tmp_path, site, str(tree / "nope"))
 
-    assert result["files_scanned"] == 10  # the fixture's 8, broken.py, side_effect.py
+    # the fixture's 8 and side_effect.py; broken.py is found but not scanned
+    assert (result["files_scanned"], result["files_not_scanned"]) == (9, 1)
     assert result["parse_errors"] == [
         {"path": "broken.py", "line": 1, "error": "SyntaxError: invalid syntax"}
     ]
@@ -431,7 +432,8 @@ def test_deep_files_are_scanned_not_a_crash(tmp_path: Path, site: Path) -> None:
     assert errors["too_deep_parens.py"].startswith("SyntaxError: too many nested parentheses")
     assert errors["too_deep_not.py"].startswith(("SyntaxError:", "MemoryError:", "RecursionError:"))
     assert set(errors) <= {*expected, "too_deep_parens.py", "too_deep_not.py"}
-    assert result["files_scanned"] == len(_deep_sources())
+    assert result["files_scanned"] + result["files_not_scanned"] == len(_deep_sources())
+    assert result["files_not_scanned"] == len(errors)
 
 
 def _parses(source: str) -> bool:
@@ -538,7 +540,9 @@ def main():
         y = model(x)
     with torch.device("cuda"):
         z = torch.ones(2)
-    print(scaler.scale(y.float().sum()).item() is not None, z.sum().item())
+    where = "cuda"
+    w = torch.ones(2, device=where)
+    print(scaler.scale(y.float().sum()).item() is not None, z.sum().item(), w.sum().item())
 
 
 main()
@@ -553,7 +557,8 @@ def test_covered_means_the_run_redirects_it(tmp_path: Path) -> None:
     """Each finding scan calls covered is covered by a patch that really redirected a call in the run.
 
     Parameter defaults (device="cuda", device=torch.device("cuda")), a device bound to a
-    name, torch.cuda.amp's GradScaler and autocast, `with torch.device("cuda"):`: the run
+    name (torch.device("cuda", 0), and the string "cuda"), torch.cuda.amp's GradScaler and
+    autocast, `with torch.device("cuda"):`: the run
     report's replacement calls name the same patches as covered_by.
     """
     (tmp_path / "prog.py").write_text(_REDIRECTED_PROGRAM)
@@ -586,6 +591,7 @@ def test_covered_means_the_run_redirects_it(tmp_path: Path) -> None:
         (18, "torch.cuda.amp.GradScaler"),
         (19, "torch.cuda.amp.autocast"),
         (21, "torch.device('cuda')"),
+        (23, "where = 'cuda'"),
     }
     for key, finding in found.items():
         assert finding["covered"], key
@@ -684,3 +690,232 @@ def test_names_are_followed_into_the_library_that_defines_them(tmp_path: Path) -
     disabled = verdicts("--disable", "apx_lib.base.Base.__init__")
     assert disabled == {3: None, 4: None, 5: None, 6: None}
     assert not (tmp_path / "imported").exists()
+
+
+# ---------------------------------------------------------------------------- files that are not files
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_only_regular_files_are_read(tmp_path: Path, site: Path) -> None:
+    """A FIFO named *.py would block the scan forever, a symlink to /dev/zero would read
+    forever: neither is opened; both are listed as not scanned, with what they are."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "ok.py").write_text("import torch\nx = torch.ones(1).cuda()\n")
+    os.mkfifo(tree / "fifo.py")
+    devices = Path("/dev/zero").exists()
+    if devices:
+        (tree / "zero.py").symlink_to("/dev/zero")
+    (tree / "pkg.py").mkdir()  # a directory named like a module: not a file at all
+
+    done = scan(tmp_path, site, "--json", str(tree))
+    text = scan(tmp_path, site, str(tree))
+    checked = scan(tmp_path, site, "--check", str(tree))
+    fifo_alone = scan(tmp_path, site, str(tree / "fifo.py"))
+
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    errors = {e["path"]: e["error"] for e in result["parse_errors"]}
+    expected = {"fifo.py": "not a regular file (a FIFO)"}
+    if devices:
+        expected["zero.py"] = "not a regular file (a character device)"
+    assert errors == expected
+    assert (result["files_scanned"], result["files_not_scanned"]) == (1, len(expected))
+    assert [f["rule"] for f in result["findings"]] == ["cuda-call"]
+    assert text.returncode == 0
+    assert "fifo.py: not scanned: not a regular file (a FIFO)" in text.stdout
+    assert checked.returncode == 1  # under --check a file not read cannot be vouched for
+    assert fifo_alone.returncode == 1
+    assert "fifo.py: not scanned: not a regular file (a FIFO)" in fifo_alone.stdout
+    assert "Nothing was scanned: none of the 1 Python files could be read and parsed." in (
+        fifo_alone.stdout
+    )
+
+
+def test_files_scanned_counts_only_files_scanned(tmp_path: Path, site: Path) -> None:
+    """JSON and text agree: a file that fails to parse is not among files_scanned but
+    counted by files_not_scanned and listed under parse_errors ("Not scanned")."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.py").write_text("def f(:\n")
+    (mixed / "clean.py").write_text("import torch\nx = torch.zeros(2)\n")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "a.py").write_text("def f(:\n")
+
+    some = scan_json(tmp_path, site, str(mixed))
+    some_text = scan(tmp_path, site, str(mixed)).stdout
+    alone = scan(tmp_path, site, "--json", str(mixed / "a.py"))
+    none = scan(tmp_path, site, "--json", str(broken))
+
+    assert (some["files_scanned"], some["files_not_scanned"]) == (1, 1)
+    assert [e["path"] for e in some["parse_errors"]] == ["a.py"]
+    assert "(1 Python files scanned, 1 not scanned)" in some_text
+    assert "a.py:1: not scanned: SyntaxError" in some_text
+    assert "Not scanned: 1 of 2 files" in some_text
+    for done in (alone, none):
+        assert done.returncode == 1  # nothing was read
+        result = json.loads(done.stdout)
+        assert (result["files_scanned"], result["files_not_scanned"]) == (0, 1)
+
+
+# ---------------------------------------------------------------------------- modules of torch
+
+_SUBMODULE_IMPORTS = """\
+import torch
+from torch.cuda import amp as camp
+scaler = camp.GradScaler()
+import torch.cuda as tc
+from torch import cuda
+import torch.cuda.amp as a
+import torch.cuda.amp
+from torch.cuda.amp import GradScaler
+import torch.cuda.nccl
+torch.cuda.nccl.all_reduce([])
+"""
+
+_SCALER_PLUGIN = """
+from ascend_patch_core import AtomicPatch, hookimpl
+
+
+def replacement(self, *args, **kwargs):
+    return None
+
+
+@hookimpl
+def register_patches():
+    return [AtomicPatch("torch.amp.grad_scaler.GradScaler.__init__", replacement)]
+"""
+
+
+def test_a_torch_submodule_import_is_judged_like_import_torch_cuda(tmp_path: Path) -> None:
+    """`from torch.cuda import amp as camp` is covered by the rule that covers `import
+    torch.cuda`: something in the module is patched -- here its GradScaler, defined in
+    torch.amp and patched there. So is every other spelling of that import; a module
+    nothing covers (torch.cuda.nccl) stays a gap, and with the patch disabled so is all."""
+    site = tmp_path / "site"
+    info = site / "apx_scaler-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: apx-scaler\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[ascend_patch]\napx_scaler = apx_scaler_plugin\n")
+    (site / "apx_scaler_plugin.py").write_text(_SCALER_PLUGIN)
+    (tmp_path / "prog.py").write_text(_SUBMODULE_IMPORTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
+    env.update(
+        PYTHONPATH=str(site),
+        ASCEND_PATCH_CACHE_DIR=str(tmp_path / "cache"),
+        ASCEND_PATCH_PLUGINS="apx_scaler",
+    )
+
+    def verdicts(*args: str) -> dict[int, bool]:
+        done = subprocess.run(
+            [*_cli_command(), "scan", "--json", *args, "prog.py"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return {f["line"]: f["covered"] for f in json.loads(done.stdout)["findings"]}
+
+    assert verdicts() == {
+        2: True,  # from torch.cuda import amp as camp
+        3: True,  # camp.GradScaler
+        4: True,  # import torch.cuda as tc
+        5: True,  # from torch import cuda
+        6: True,  # import torch.cuda.amp as a
+        7: True,  # import torch.cuda.amp
+        8: True,  # from torch.cuda.amp import GradScaler
+        9: False,  # import torch.cuda.nccl: nothing in it is redirected
+        10: False,
+    }
+    disabled = verdicts("--disable", "torch.amp.grad_scaler.GradScaler.__init__")
+    assert set(disabled.values()) == {False}
+
+
+@needs_torch_plugin
+def test_the_reviewers_amp_import_under_the_torch_plugin(tmp_path: Path) -> None:
+    """The three lines from the review: one verdict for all of them, covered."""
+    (tmp_path / "prog.py").write_text(
+        "import torch\n"
+        "from torch.cuda import amp as camp\n"
+        "with camp.autocast():\n"
+        "    pass\n"
+        "import torch.cuda as tc\n"
+    )
+
+    result = real_scan(tmp_path, "prog.py")
+
+    assert {(f["line"], f["symbol"]): f["covered"] for f in result["findings"]} == {
+        (2, "torch.cuda.amp"): True,
+        (3, "torch.cuda.amp.autocast"): True,
+        (5, "torch.cuda"): True,
+    }
+
+
+# ---------------------------------------------------------------------------- a device in a name
+
+_NAMED_DEVICES = """\
+import torch
+dev = "cuda"
+torch.ones(1, device=dev)
+
+
+def local(x):
+    d: str = "cuda:1"
+    return x.to(d)
+
+
+def through_a_device(n):
+    kind = "cuda"
+    return torch.zeros(n, device=torch.device(kind))
+
+
+def shadowed(device):
+    return torch.ones(1, device=device)
+
+
+def rebound(x):
+    where = "cuda"
+    where = "cpu"
+    return x.to(where)
+
+
+label = "cuda"
+print(label)
+
+
+def bound_later(x):
+    target = "cuda"
+    placed = torch.device(target)
+    return x.to(placed)
+"""
+
+
+def test_a_device_held_in_a_name(tmp_path: Path, site: Path) -> None:
+    """`dev = "cuda"; torch.ones(1, device=dev)` is a CUDA device like the literal: reported
+    at the string, judged by the calls the name reaches (torch.ones is not patched by the
+    test plugin, Tensor.to is). A name bound twice, or never passed as a device, is not a
+    finding; a parameter of the same name in another function is another name."""
+    (tmp_path / "prog.py").write_text(_NAMED_DEVICES)
+
+    result = scan_json(tmp_path, site, "prog.py")
+
+    found = {(f["line"], f["symbol"]): f for f in result["findings"]}
+    assert set(found) == {
+        (2, "dev = 'cuda'"),
+        (7, "d = 'cuda:1'"),
+        (12, "kind = 'cuda'"),
+        (31, "target = 'cuda'"),
+    }
+    assert {f["rule"] for f in found.values()} == {"cuda-device"}
+    module_level = found[(2, "dev = 'cuda'")]
+    assert (module_level["uses"], module_level["covered"]) == ([["torch.ones"]], False)
+    local = found[(7, "d = 'cuda:1'")]
+    assert local["uses"] == [["torch.Tensor.to", "torch.nn.Module.to"]]
+    assert [c["target"] for c in local["covered_by"]] == ["torch.Tensor.to"]
+    assert found[(12, "kind = 'cuda'")]["uses"] == [["torch.zeros"]]
+    assert found[(31, "target = 'cuda'")]["covered"] is True  # through torch.device, to .to()
+    text = scan(tmp_path, site, "prog.py").stdout
+    assert "prog.py:2:7" in text and "dev = 'cuda'" in text
