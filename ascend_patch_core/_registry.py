@@ -382,12 +382,26 @@ def _load_one(
         pm.unregister(obj)
         _fail(record, str(exc))
         return None
-    n = len(plugin.patches)
-    record.set(
-        Status.APPLIED,
-        f"{n} patch declaration{'s' if n != 1 else ''}, {len(plugin.rules)} import rules",
-    )
+    record.set(Status.APPLIED, _declared_summary(plugin))
     return plugin
+
+
+def _declared_summary(plugin: LoadedPlugin) -> str:
+    """'18 patch groups, 0 import rules': units doctor's patch counts can be read against.
+
+    A group holds many patches (doctor counts those: "249 patches"), so groups and
+    single patches are named apart instead of summed as "declarations".
+    """
+    groups = sum(isinstance(p, type) and issubclass(p, Patch) for p in plugin.patches)
+    singles = len(plugin.patches) - groups
+    parts = []
+    if groups or not singles:
+        parts.append(f"{groups} patch group{'s' if groups != 1 else ''}")
+    if singles:
+        parts.append(f"{singles} single patch{'es' if singles != 1 else ''}")
+    rules = len(plugin.rules)
+    parts.append(f"{rules} import rule{'s' if rules != 1 else ''}")
+    return ", ".join(parts)
 
 
 class _HookFailure(Exception):

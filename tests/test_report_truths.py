@@ -509,7 +509,7 @@ def test_none_from_a_hook_means_nothing(make_package) -> None:
     try:
         __import__(f"{pkg}.core")
         assert report.get("none_plugin").status is Status.APPLIED
-        assert report.get("none_plugin").reason == "0 patch declarations, 0 import rules"
+        assert report.get("none_plugin").reason == "0 patch groups, 0 import rules"
         assert report.get("none-hook").status is Status.APPLIED
         assert not report.by_status(Status.FAILED)
         assert [r.kind for r in report] == ["plugin", "hook"]
