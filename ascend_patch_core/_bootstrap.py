@@ -41,6 +41,7 @@ __all__ = [
     "start",
     "start_from_pth",
     "started_options",
+    "strict_stop_message",
 ]
 
 #: The variable ``ascend-patch run`` sets; its value is :meth:`RunOptions.to_env`.
@@ -59,6 +60,9 @@ PTH_TEXT = (
 RUN_REPORT_SCHEMA = "ascend-patch-run/1"
 #: Where the NPU emulator (ascend-patch-emulator) publishes its ``activate``.
 EMULATOR_GROUP = "ascend_patch.emulator"
+
+#: How the core's strict-mode errors begin (``PatchError`` messages).
+_STRICT_PREFIX = "ascend-patch (strict): "
 
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
@@ -235,6 +239,50 @@ def start(options: RunOptions, *, role: str) -> Any:
     return patcher.apply()
 
 
+def strict_stop_message(exc: BaseException, *, stopped: str) -> str:
+    """What a process stopped by strict mode says: the failure once, then the way on.
+
+    ``exc`` is the core's ``PatchError`` from ``apply()``; the core's own
+    ``ascend-patch (strict): `` prefix is left out (the caller says who is talking).
+    ``stopped``: what was stopped, e.g. "the program before its first line".
+    """
+    text = str(exc)
+    if text.startswith(_STRICT_PREFIX):
+        text = text[len(_STRICT_PREFIX) :]
+    if "--disable " in text:  # a patch's own failure (_strict) already says how to go on
+        return text
+    plugins, patches = _failed_names()
+    way = ""
+    if plugins or patches:
+        names = [*plugins, *patches]
+        way = f"To run without {'it' if len(names) == 1 else 'them'}: --disable {','.join(names)}"
+        if plugins and not patches:  # the variable names plugins only
+            way += f" (or ASCEND_PATCH_DISABLE={','.join(plugins)})"
+        way += ". "
+    return (
+        f"{text} -- strict mode stopped {stopped}. {way}To go on with the failure recorded "
+        "in the report instead: run without --strict (and without ASCEND_PATCH_STRICT=1)"
+    )
+
+
+def _failed_names() -> tuple[list[str], list[str]]:
+    """The plugins, and the groups or patches, that failed: what --disable leaves out."""
+    import ascend_patch_core
+
+    from ._report import FAILED
+
+    plugins: list[str] = []
+    patches: list[str] = []
+    for record in ascend_patch_core.default_patcher.report.records:
+        if record.status is not FAILED:
+            continue
+        names = plugins if record.kind == "plugin" else patches
+        name = record.name if record.kind == "plugin" else record.group or record.name
+        if name not in names:
+            names.append(name)
+    return plugins, patches
+
+
 def _activate_emulator(version: str | None) -> None:
     from ._metadata import metadata
 
@@ -304,7 +352,13 @@ def _start_child(options: RunOptions) -> None:
     try:
         start(options, role="child")
     except Exception as exc:
-        message = f"ascend-patch (start hook, pid {os.getpid()}): {type(exc).__name__}: {exc}"
+        from ._errors import PatchError
+
+        if isinstance(exc, PatchError) and options.strict:
+            detail = strict_stop_message(exc, stopped="this process before its first line")
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+        message = f"ascend-patch (start hook, pid {os.getpid()}): {detail}"
         print(message, file=sys.stderr, flush=True)
         if options.strict:
             # Raising here would surface as "Fatal Python error: init_import_site";
@@ -330,20 +384,12 @@ def _process_entry() -> dict[str, Any]:
     return entry
 
 
-def _write_json(path: str, data: dict[str, Any], *, create_directory: bool = True) -> None:
-    if create_directory:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, ensure_ascii=False)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
 def _write_report() -> None:
     options = _started
     if options is None or options.report is None:
         return
+    from ._report_file import write_json
+
     try:
         is_main = _role == "main" and options.main_pid == os.getpid()
         if not is_main:  # a child, or a forked copy of the main process
@@ -354,7 +400,7 @@ def _write_report() -> None:
                 entry["role"] = "child"
                 part = os.path.join(options.report_parts, f"{os.getpid()}.json")
                 with contextlib.suppress(FileNotFoundError):
-                    _write_json(part, entry, create_directory=False)
+                    write_json(part, entry, create_directory=False)
             return
         children = _collect_parts(options.report_parts)
         data = {
@@ -367,7 +413,7 @@ def _write_report() -> None:
             },
             "processes": [_process_entry(), *children],
         }
-        _write_json(options.report, data)
+        write_json(options.report, data)
     except Exception as exc:  # at exit there is nobody left to raise to
         print(
             f"ascend-patch: could not write the run report to {options.report}: "

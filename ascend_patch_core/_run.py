@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _run_program
+from . import _script_source
 from ._bootstrap import ENV_VAR
 from ._bootstrap import RunOptions
 from ._run_program import NotRunnable
@@ -51,7 +52,7 @@ OPTIONS_WITH_VALUE = (
 EMULATED_DEVICES_VAR = "ASCEND_PATCH_EMULATED_DEVICES"
 
 #: Frames of these files are the launcher's, not the program's: tracebacks leave them out.
-_LAUNCHER_FILES = frozenset({__file__, _run_program.__file__})
+_LAUNCHER_FILES = frozenset({__file__, _run_program.__file__, _script_source.__file__})
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], RunTarget | None]:
@@ -100,6 +101,11 @@ def _names(values: Sequence[str] | None) -> tuple[str, ...]:
 
 def options_from_args(ns: Any) -> RunOptions:
     """RunOptions from the parsed ``run`` arguments (report locations are added by :func:`run`)."""
+    if ns.report is not None and not ns.report:
+        # `--report ""` (an unset shell variable) would otherwise write nothing, silently.
+        raise UsageError(
+            "--report needs the file to write, got an empty path; e.g. --report run.json"
+        )
     if ns.brake_at is not None and ns.brake_at < 1:
         raise UsageError(f"--brake-at must be a positive number of steps, got {ns.brake_at}")
     emulate = ns.emulate_npu is not None
@@ -121,7 +127,7 @@ def options_from_args(ns: Any) -> RunOptions:
         profile=os.path.abspath(ns.profile) if ns.profile else None,
         brake_at=ns.brake_at,
         check_precision=bool(getattr(ns, "check_precision", False)),
-        report=os.path.abspath(ns.report) if ns.report else None,
+        report=os.path.abspath(ns.report) if ns.report is not None else None,
     )
 
 
@@ -150,10 +156,16 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
         parts = tempfile.mkdtemp(prefix="ascend-patch-run-")
         options = options._replace(report_parts=parts, main_pid=os.getpid())
     os.environ[ENV_VAR] = options.to_env()
+    from ._errors import PatchError
+
     try:
         report = _bootstrap.start(options, role="main")
     except _bootstrap.StartError as exc:
         raise UsageError(str(exc)) from None
+    except PatchError as exc:  # strict mode (--strict or ASCEND_PATCH_STRICT=1)
+        _bootstrap.set_exit_status(1)
+        stopped = "the program before its first line"
+        raise UsageError(_bootstrap.strict_stop_message(exc, stopped=stopped), status=1) from None
     if verbose:
         import atexit
 

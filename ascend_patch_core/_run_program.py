@@ -1,7 +1,8 @@
 """Finding and reading the program ``ascend-patch run`` runs, as ``python`` would.
 
 A script is compiled (a ``.pyc`` read) before anything is patched, so a wrong path is
-a plain usage error; a module, a directory or a zip file with ``__main__.py`` is
+a plain usage error (a script with NUL bytes or undecodable bytes is read by Python's
+own file reader: :mod:`._script_source`); a module, a directory or a zip file with ``__main__.py`` is
 looked up with ``python -m``'s own lookup. ``prepare()`` then gives the program the
 ``sys.argv``, ``sys.path[0]`` and fresh ``__main__`` that Python gives it. A program
 that cannot start -- it does not compile, its package raises on import -- raises
@@ -18,6 +19,7 @@ from typing import Any
 from typing import NamedTuple
 
 from ._bootstrap import ENV_VAR
+from ._script_source import compile_script
 
 
 __all__ = ["NotRunnable", "RunTarget", "UsageError", "load_module", "load_script"]
@@ -120,7 +122,7 @@ def load_script(target: RunTarget) -> tuple[types.CodeType, Callable[[], None]]:
         if code is None:
             with io.open_code(abspath) as fh:
                 source = fh.read()
-            code = compile(source, abspath, "exec", dont_inherit=True)
+            code = compile_script(source, abspath)
     except OSError as exc:
         raise UsageError(f"can't open file {abspath!r}: {exc}") from None
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
