@@ -249,7 +249,7 @@ def strict_stop_message(exc: BaseException, *, stopped: str) -> str:
     text = str(exc)
     if text.startswith(_STRICT_PREFIX):
         text = text[len(_STRICT_PREFIX) :]
-    if "--disable " in text:  # a patch's own failure (_strict) already says how to go on
+    if "To run without it:" in text:  # a patch's own failure (_strict) says how to go on
         return text
     plugins, patches = _failed_names()
     way = ""

@@ -170,9 +170,10 @@ class PatcherConfig:
     ) -> None:
         """Warn about (strict: raise on) names in disable()/enable()/ASCEND_PATCH_ENABLE
         that match no patch, group, hook or plugin."""
+        # Named as users write them: through the API, or `ascend-patch run --disable`.
         switches = (
-            ("disable()", self.disabled),
-            ("enable()", self.enabled),
+            ("disable() / --disable", self.disabled),
+            ("enable() / --enable", self.enabled),
             ("ASCEND_PATCH_ENABLE", env_enabled),
         )
         if not any(names for _, names in switches):

@@ -385,6 +385,20 @@ def test_strict_stop_by_a_patch_names_it(tmp_path: Path) -> None:
     assert (disabled.returncode, disabled.stdout) == (0, "ran\n"), disabled.stderr
 
 
+def test_strict_stop_by_an_unknown_name_says_the_option_it_came_from(tmp_path: Path) -> None:
+    """`run --strict --disable NoSuch`: named as the user wrote it (--disable), once, with the way on."""
+    (tmp_path / "prog.py").write_text("print('ran')\n")
+    env = clean_env(tmp_path, tmp_path)
+
+    stopped = run(cli("run", "--strict", "--disable", "NoSuchGroup", "prog.py"), tmp_path, env)
+
+    assert (stopped.returncode, stopped.stdout) == (1, ""), stopped.stderr
+    said = stopped.stderr
+    assert said.count("ascend-patch run:") == 1 and "(strict)" not in said
+    assert "--disable names 'NoSuchGroup', which matches no patch" in said
+    assert "run without --strict" in said
+
+
 def test_a_strict_child_says_it_once_and_how_to_go_on(tmp_path: Path, site: Path) -> None:
     """A process started under a strict `run` whose patching fails: one line from the start
     hook, without a nested prefix, with the way on; the process does not run."""
