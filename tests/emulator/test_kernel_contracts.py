@@ -49,7 +49,11 @@ SAMPLES = {
     "npu_grouped_matmul.List": lambda: (([_t(2, 3)], [_t(3, 5, seed=1)]), {}),
     "npu_confusion_transpose": lambda: ((_t(2, 3, 4), [0, 2, 1], [2, 12], True), {}),
     "npu_format_cast": lambda: ((_t(2, 3), 29), {}),
-    "npu_format_cast.Tensor": lambda: ((_t(2, 3), _t(2, 3, seed=1)), {}),
+    # dst in another format: a cast to the input's own format returns the input itself.
+    "npu_format_cast.Tensor": lambda: (
+        (_t(2, 3), torch.ops.npu.npu_format_cast(_t(2, 3, seed=1), 29)),
+        {},
+    ),
     "npu_format_cast_": lambda: ((_t(2, 3), _t(2, 3, seed=1)), {}),
     "npu_format_cast_.acl_format": lambda: ((_t(2, 3), 2), {}),
     "get_npu_format": lambda: ((_t(2, 3),), {}),
@@ -78,6 +82,52 @@ SAMPLES = {
         {},
     ),
     "npu_moe_gating_top_k_softmax": lambda: ((_t(3, 6), None, 2), {}),
+    "npu_silu_": lambda: ((_t(2, 8),), {}),
+    "npu_silu_backward": lambda: ((_t(2, 8), _t(2, 8, seed=1), _t(2, 8, seed=2)), {}),
+    "npu_linear": lambda: ((_t(2, 3), _t(4, 3, seed=1), _t(4, seed=2)), {}),
+    "npu_linear_backward": lambda: ((_t(2, 4), _t(2, 3, seed=1), _t(4, 3, seed=2)), {}),
+    "npu_giou": lambda: ((_boxes().T.contiguous(), _boxes().T.contiguous(), True), {}),
+    "npu_giou_backward": lambda: (
+        (_t(3, 1), _boxes().T.contiguous(), _boxes().T.contiguous(), True),
+        {},
+    ),
+    "npu_ciou": lambda: ((_boxes().T.contiguous(), _boxes()[:2].T.contiguous()), {}),
+    "npu_ciou_backward": lambda: (
+        (_t(1, 3), _boxes().T.contiguous(), _boxes().T.contiguous(), None, True, False),
+        {},
+    ),
+    "npu_rotary_mul_backward": lambda: (
+        (_t(1, 2, 3, 4), _t(1, 2, 3, 4, seed=1), _t(1, 1, 3, 4, seed=2), _t(1, 1, 3, 4, seed=3)),
+        {},
+    ),
+    "npu_roi_alignbk": lambda: (
+        (_t(1, 2, 2, 2), torch.tensor([[0.0, 0.5, 0.5, 3.0, 4.0]]), [1, 2, 5, 5], 2, 2, 1.0, 2, 0),
+        {},
+    ),
+    "npu_deformable_conv2dbk": lambda: (
+        (
+            _t(1, 2, 4, 4),
+            _t(1, 3, 4, 4, seed=3),
+            _t(1, 2, 12, 12, seed=4),
+            _t(3, 2, 3, 3, seed=1),
+            0.2 * _t(1, 27, 4, 4, seed=2),
+            [3, 3],
+            [1, 1, 1, 1],
+            [1, 1, 1, 1],
+        ),
+        {},
+    ),
+    "npu_fusion_attention_grad": lambda: (
+        (
+            _t(1, 2, 3, 4),
+            _t(1, 2, 3, 4, seed=1),
+            _t(1, 2, 3, 4, seed=2),
+            _t(1, 2, 3, 4, seed=3),
+            2,
+            "BNSD",
+        ),
+        {},
+    ),
 }
 
 

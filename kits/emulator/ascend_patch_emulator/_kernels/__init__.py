@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Mapping
+from contextlib import contextmanager
 from typing import Any
 from typing import NamedTuple
 from typing import TypeVar
 
 
-__all__ = ["Kernel", "compute_dtype", "kernel", "kernels"]
+__all__ = ["Kernel", "compute_dtype", "kernel", "kernels", "recording"]
 
 #: The family modules, imported by :func:`kernels`.
 _FAMILIES = (
@@ -40,6 +42,8 @@ _FAMILIES = (
     "detection",
     "deform_conv",
     "moe",
+    "iou_losses",
+    "backward",
 )
 
 Replay = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
@@ -95,3 +99,25 @@ def compute_dtype(tensor: Any) -> Any:
     import torch
 
     return torch.float64 if tensor.dtype == torch.float64 else torch.float32
+
+
+@contextmanager
+def recording() -> Iterator[None]:
+    """Autograd on inside a kernel: the dispatcher calls kernels below autograd (its keys
+    excluded, as under ``torch.library.opcheck`` or a dispatch mode); the recomputed forward
+    needs them back to record its graph."""
+    import torch
+
+    keys = torch._C.DispatchKey
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (
+        keys.AutogradFunctionality,
+        keys.AutogradOther,
+        keys.AutogradNestedTensor,
+        keys.ADInplaceOrView,
+        keys.AutogradCPU,
+    ):
+        exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(include, exclude), torch.enable_grad():
+        yield

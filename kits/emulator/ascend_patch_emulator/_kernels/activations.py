@@ -1,5 +1,5 @@
 """Activations: gated (``npu_swiglu``, ``npu_geglu``) and plain (``fast_gelu``,
-``npu_gelu``, ``npu_silu``, ``npu_mish``).
+``npu_gelu``, ``npu_silu``, ``npu_mish``), and the in-place ``npu_silu_``.
 
 All compute in float32 (float64 for float64 inputs) and return the input dtype.
 """
@@ -70,6 +70,12 @@ def gelu(self: Any, approximate: str = "none") -> Any:
 @kernel("npu_silu", differentiable=True)
 def silu(self: Any) -> Any:
     return F.silu(_wide(self)).to(self.dtype)
+
+
+@kernel("npu_silu_")
+def silu_(self: Any) -> Any:
+    """In place: writes silu into ``self`` and returns ``self`` itself, as torch_npu does."""
+    return self.copy_(silu(self))
 
 
 @kernel("npu_mish", differentiable=True)

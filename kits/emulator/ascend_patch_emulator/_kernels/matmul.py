@@ -1,4 +1,6 @@
-"""Matrix products: ``npu_bmmV2`` and ``npu_grouped_matmul`` (non-quantized).
+"""Matrix products: ``npu_bmmV2``, ``npu_linear`` and ``npu_grouped_matmul`` (non-quantized).
+
+``npu_linear(input, weight, bias)`` is ``input @ weight.T + bias`` (``F.linear``).
 
 ``npu_bmmV2(a, b, output_sizes)`` is ``a @ b``; ``output_sizes`` is required by the
 schema but does not change the result.
@@ -33,6 +35,13 @@ from . import kernel
 def bmm_v2(self: Any, mat2: Any, output_sizes: Sequence[int]) -> Any:
     wide = compute_dtype(self)
     return torch.matmul(self.to(wide), mat2.to(wide)).to(self.dtype)
+
+
+@kernel("npu_linear", differentiable=True)
+def linear(input: Any, weight: Any, bias: Any = None) -> Any:
+    wide = compute_dtype(input)
+    b = bias.to(wide) if bias is not None else None
+    return F.linear(input.to(wide), weight.to(wide), b).to(input.dtype)
 
 
 def _fail(message: str) -> RuntimeError:
