@@ -418,6 +418,7 @@ def install(npu: types.ModuleType) -> Undo:
     undos.append(_patch_generator())
     undos.append(_runtime_types.patch_tensor_type())
     undos.append(_runtime_types.register_storage_classes())
+    undos.append(_runtime_types.patch_storage_deepcopy())
     # torch_npu.npu.default_generators: one per device; every emulated device draws from the CPU's.
     npu.default_generators = (torch.random.default_generator,) * _runtime.state.device_count  # type: ignore[attr-defined]
 

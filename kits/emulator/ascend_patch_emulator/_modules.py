@@ -11,13 +11,15 @@ is ``torch.ops.npu.<op>`` as in the real package; ``__version__``; ``Format``),
 ``torch_npu.npu`` (= ``torch.npu``) with ``torch_npu.npu.amp``,
 ``torch_npu.npu.memory`` and ``torch_npu.npu.utils`` (importable as ``torch.npu.amp``
 & co. too, as with torch_npu), ``torch_npu.utils``,
-``torch_npu.version`` and an empty
-``torch_npu.contrib``. ``torch_npu.contrib.transfer_to_npu`` refuses to import with
+``torch_npu.version``, ``torch_npu._C`` (only ``_weak_ref_tensor``) and an empty
+``torch_npu.contrib``. ``torch_npu.get_npu_format`` returns a ``Format``, as torch_npu's
+Python wrapper of the op does. ``torch_npu.contrib.transfer_to_npu`` refuses to import with
 an explanation: it rewrites torch globally with no undo.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _runtime
+from ._kernels.layout import weak_ref_tensor
 
 
 __all__ = [
@@ -53,8 +56,8 @@ _REFUSED = {
 }
 
 
-class Format:
-    """``torch_npu.Format``: the ACL storage format ids ``npu_format_cast`` accepts."""
+class Format(enum.IntEnum):
+    """``torch_npu.Format``: the ACL storage format ids (torch_npu's ``IntEnum``)."""
 
     UNDEFINED = -1
     NCHW = 0
@@ -71,6 +74,24 @@ class Format:
     FRACTAL_Z_3D = 33
     NC = 35
     NCL = 47
+    FRACTAL_NZ_C0_16 = 50
+    FRACTAL_NZ_C0_32 = 51
+    FRACTAL_NZ_C0_2 = 52
+    FRACTAL_NZ_C0_4 = 53
+    FRACTAL_NZ_C0_8 = 54
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _format_getter(op: Any) -> Any:
+    """``torch_npu.get_npu_format``: torch_npu wraps the op so it returns a :class:`Format`."""
+
+    def get_npu_format(tensor: Any) -> Format:
+        """get the Format type of tensor"""
+        return Format(op(tensor))
+
+    return get_npu_format
 
 
 class EmulatedPackage(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -173,6 +194,8 @@ def build(
     root.Format = Format  # type: ignore[attr-defined]
     for name in op_names:
         setattr(root, name, getattr(namespace, name))
+    if "get_npu_format" in op_names:
+        root.get_npu_format = _format_getter(namespace.get_npu_format)  # type: ignore[attr-defined]
     root.__all__ = list(exposed)  # type: ignore[attr-defined]
 
     def missing(name: str) -> Any:
@@ -198,12 +221,15 @@ def build(
     version_module.git_version = "emulated"  # type: ignore[attr-defined]
     version_module.emulated = True  # type: ignore[attr-defined]
     contrib = _module(f"{_ROOT}.contrib", f"torch_npu.contrib ({label}): empty.", package=True)
+    extension = _module(f"{_ROOT}._C", f"torch_npu._C ({label}): the parts the emulator has.")
+    extension._weak_ref_tensor = weak_ref_tensor  # type: ignore[attr-defined]
 
     modules = {
-        m.__name__: m for m in (root, npu, amp, memory, npu_utils, utils, version_module, contrib)
+        m.__name__: m
+        for m in (root, npu, amp, memory, npu_utils, utils, version_module, contrib, extension)
     }
     eager = {
-        _ROOT: (f"{_ROOT}.npu", f"{_ROOT}.utils", f"{_ROOT}.version"),
+        _ROOT: (f"{_ROOT}.npu", f"{_ROOT}.utils", f"{_ROOT}.version", f"{_ROOT}._C"),
         f"{_ROOT}.npu": (f"{_ROOT}.npu.amp", f"{_ROOT}.npu.memory", f"{_ROOT}.npu.utils"),
     }
     return EmulatedPackage(modules, eager)

@@ -32,6 +32,7 @@ from ._runtime_state import device_index
 __all__ = [
     "STORAGE_TYPES",
     "TENSOR_TYPES",
+    "patch_storage_deepcopy",
     "patch_tensor_type",
     "register_storage_classes",
 ]
@@ -238,5 +239,34 @@ def register_storage_classes() -> Undo:
     def undo() -> None:
         for cls in added:
             classes.discard(cls)
+
+    return undo
+
+
+def patch_storage_deepcopy() -> Undo:
+    """``copy.deepcopy`` of a tensor keeps its NPU format, as torch_npu's storage deepcopy does.
+
+    torch_npu deep-copies an NPU storage by cloning it and casting the clone to the
+    source's format; here the clone takes the source storage's format record.
+    """
+    from ._kernels.layout import copy_format
+
+    storage_class = torch.UntypedStorage
+    shadowed = storage_class.__dict__.get("__deepcopy__")
+    original = storage_class.__deepcopy__
+
+    def __deepcopy__(self: Any, memo: Any) -> Any:
+        copied = original(self, memo)
+        copy_format(self, copied)
+        return copied
+
+    __deepcopy__.__wrapped__ = original  # type: ignore[attr-defined]
+    storage_class.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
+
+    def undo() -> None:
+        if shadowed is None:
+            del storage_class.__deepcopy__
+        else:
+            storage_class.__deepcopy__ = shadowed  # type: ignore[method-assign]
 
     return undo
