@@ -180,7 +180,7 @@ def test_missing_required_duplicate_and_unknown_op_are_reported(tmp_path):
             "bad.py": """\
             import torch_npu
             torch_npu.npu_rms_norm(1)
-            torch_npu.npu_rms_norm(1, 2, self=3)
+            torch_npu.npu_rms_norm(1, 2, input=3)
             torch_npu.npu_rms_nrom(1, 2)
             import torch
             torch.ops.npu.npu_rms_norm.nope(1, 2)
@@ -191,7 +191,7 @@ def test_missing_required_duplicate_and_unknown_op_are_reported(tmp_path):
     assert messages == {
         "fakeplugin/bad.py:2": "npu_rms_norm: missing required argument 'gamma' in torch_npu 2.14.0",
         "fakeplugin/bad.py:3": (
-            "npu_rms_norm: argument 'self' given by position and by keyword in torch_npu 2.14.0"
+            "npu_rms_norm: argument 'input' given by position and by keyword in torch_npu 2.14.0"
         ),
         "fakeplugin/bad.py:4": (
             "npu_rms_nrom: no such op (no version with data has it; did you mean 'npu_rms_norm'?)"
@@ -201,6 +201,105 @@ def test_missing_required_duplicate_and_unknown_op_are_reported(tmp_path):
             "npu_rms_norm.nope: no such overload (overloads there: default) in torch_npu 2.14.0"
         ),
     }
+
+
+# --------------------------------------------------------------------------- keyword names: input, not self
+
+
+def _taking_input(version: str) -> list:
+    return [
+        op for op in load_schemas(version).values() if "input" in [a.name for a in op.arguments]
+    ]
+
+
+@pytest.mark.parametrize("version", ALL)
+def test_input_binds_and_self_is_flagged_for_every_op_taking_input(version):
+    """torch_npu registers its yaml's `self` as `input`: for every op overload (and every op
+    packet) that takes an `input`, `input=` binds and `self=` in its place is a mismatch."""
+    ops = _taking_input(version)
+    assert len(ops) >= 171  # 122 (2.1) to 131 (2.9+) renamed from `self`, the rest the yaml's own
+    for op in ops:
+        required = [a.name for a in op.arguments if a.default is None]
+        keywords = tuple(dict.fromkeys([*required, "input"]))
+        as_self = tuple("self" if name == "input" else name for name in keywords)
+        for overload in (op.overload, None):  # this overload; the op packet (any overload)
+            good = OpCall(op.name, overload, "p.py:1", 0, keywords)
+            assert check_calls("p", [good], [version]) == [], op.schema
+            if overload is None and not all(
+                "input" in [a.name for a in other.arguments]
+                for other in load_schemas(version).values()
+                if other.name == op.name
+            ):
+                continue  # another overload may bind `self=`-less calls; the overload case covers it
+            (bad,) = check_calls("p", [OpCall(op.name, overload, "p.py:1", 0, as_self)], [version])
+            assert "no keyword 'self' (schema has 'input'" in bad.message, (op.schema, bad)
+
+
+def test_static_scan_flags_self_and_accepts_input_in_every_version(tmp_path):
+    root = write_plugin(
+        tmp_path,
+        {
+            "act.py": """\
+            import torch
+            import torch_npu
+            from torch_npu import npu_rms_norm
+
+
+            def forward(x, g):
+                a = torch_npu.fast_gelu(input=x)
+                b = torch_npu.fast_gelu(self=x)
+                c = npu_rms_norm(input=x, gamma=g, epsilon=1e-6)
+                d = torch.ops.npu.npu_rms_norm.default(self=x, gamma=g)
+                return a, b, c, d
+            """
+        },
+    )
+    check = check_plugin(root)
+    assert found(check) == {
+        ("fakeplugin", f"fakeplugin/act.py:{line}", op, v)
+        for line, op in ((8, "fast_gelu"), (10, "npu_rms_norm.default"))
+        for v in ALL
+    }
+    messages = {m.site: m.message for m in check.mismatches if m.version == "2.14.0"}
+    assert messages["fakeplugin/act.py:8"] == (
+        "fast_gelu: no keyword 'self' (schema has 'input': torch_npu registers its yaml's "
+        "'self' as 'input'); missing required argument 'input' in torch_npu 2.14.0"
+    )
+
+
+def test_recorded_input_calls_pass_the_check(tmp_path):
+    """Calls made with `input=` run under the emulator, are recorded and bind in every version."""
+    import torch
+
+    root = write_plugin(
+        tmp_path,
+        {
+            "runtime.py": """\
+            import torch_npu
+
+
+            def forward(x):
+                return torch_npu.fast_gelu(input=x), torch_npu.npu_swiglu(input=x, dim=0)
+            """
+        },
+    )
+    namespace: dict[str, object] = {}
+    source = (root / "runtime.py").read_text(encoding="utf-8")
+    was_active = emulator.is_active()
+    handle = emulator.activate()
+    try:
+        exec(compile(source, str(root / "runtime.py"), "exec"), namespace)
+        with CallRecorder() as recorder:
+            namespace["forward"](torch.ones(2, 4))
+    finally:
+        if not was_active:
+            handle.deactivate()
+    # The dispatcher hands kernels their arguments by position: the names were checked by
+    # torch when the call bound, and statically by the scan.
+    assert [(c.op, c.positional) for c in recorder.calls] == [("fast_gelu", 1), ("npu_swiglu", 2)]
+    check = check_plugin(root, recorded=recorder.calls)
+    assert len(check.calls) == 4  # two found statically, two recorded
+    assert not check.mismatches
 
 
 # --------------------------------------------------------------------------- static scan: forms
@@ -468,7 +567,11 @@ def calls_of_real_ops(draw):
     if draw(st.booleans()):  # anything: mostly wrong
         positional = draw(st.integers(0, len(names) + 2))
         keywords = draw(
-            st.lists(st.sampled_from([*names, "eps", "input", "x_bogus"]), unique=True, max_size=4)
+            st.lists(
+                st.sampled_from([*names, "eps", "input", "self", "x_bogus"]),
+                unique=True,
+                max_size=4,
+            )
         )
     else:  # near a valid call: required arguments given, a few optional ones by keyword
         positional_names = [a.name for a in schema.arguments if not a.kwarg_only]

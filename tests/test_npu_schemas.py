@@ -69,7 +69,7 @@ def test_data_files_are_compact_and_one_op_per_line():
         text = path.read_text(encoding="utf-8")
         data = json.loads(text)
         version = path.name[len("torch_npu-") : -len(".json")]
-        assert data["format"] == 1
+        assert data["format"] == 2
         assert data["torch_npu"] == version
         assert re.fullmatch(rf"torch_npu-{re.escape(version)}-cp311-.*\.whl", data["source"])
         op_lines = [line for line in text.splitlines() if line.startswith('{"name": ')]
@@ -80,14 +80,46 @@ def test_data_files_are_compact_and_one_op_per_line():
 
 
 @pytest.mark.parametrize("version", REQUIRED)
-def test_every_committed_schema_parses_with_torchgen_and_matches_its_row(version):
-    """Name and overload of each row are what torchgen reads from its schema string."""
-    model = torchgen_model()
+def test_every_committed_schema_parses_as_torch_registers_it_and_matches_its_row(version):
+    """Name and overload of each row are what torch's schema parser (``m.def``'s) reads."""
+    import torch
+
     for key, op in load_schemas(version).items():
-        parsed = model.FunctionSchema.parse(op.schema)
-        assert (str(parsed.name.name), parsed.name.overload_name) == (op.name, op.overload)
+        parsed = torch._C.parse_schema(op.schema)
+        assert (parsed.name, parsed.overload_name) == (op.name, op.overload)
         assert key == op.qualified
         assert op.section in ("custom", "autograd", "symint")
+
+
+@pytest.mark.parametrize("version", REQUIRED)
+def test_no_committed_schema_names_an_argument_self(version):
+    """torch_npu registers the yaml's ``self`` as ``input``; the data holds the registered names."""
+    for op in load_schemas(version).values():
+        assert "self" not in [a.name for a in op.arguments], op.schema
+    data = json.loads((DATA / f"torch_npu-{version}.json").read_text(encoding="utf-8"))
+    assert not any(re.search(r"\bself\b", row["schema"]) for row in data["ops"])
+
+
+def test_the_rename_reaches_every_op_the_yaml_declares_with_self():
+    """The yaml gives 131 of the 425 2.14 ops (122 of 321 in 2.1) a ``self``; 60 (49) name an
+    ``input`` of their own. All of them now take ``input``, and only the yaml's ``self`` moved."""
+    for version, expected in (("2.1.0.post17", 122 + 49), ("2.14.0", 131 + 60)):
+        taking_input = [op for op in load_schemas(version).values() if "input" in _names(op)]
+        assert len(taking_input) == expected, version
+
+    def names(op):
+        return _names(load_schemas("2.14.0")[op])
+
+    assert names("fast_gelu") == ["input"]
+    assert names("npu_rms_norm") == ["input", "gamma", "epsilon"]
+    assert names("npu_format_cast")[:3] == ["input", "acl_format", "customize_dtype"]
+    assert load_schemas("2.14.0")["npu_silu_"].arguments[0] == Argument(
+        "input", "Tensor(a!)", None, False
+    )
+
+
+def _names(op) -> list[str]:
+    return [a.name for a in op.arguments]
 
 
 @pytest.mark.parametrize("version", REQUIRED)
@@ -114,7 +146,7 @@ def test_op_counts_and_known_drift_across_versions():
         return [a.name for a in load_schemas(version)[op].arguments]
 
     # npu_rotary_mul gained `rotate` in 2.7.1.post8.
-    assert names("2.6.0.post5", "npu_rotary_mul") == ["self", "r1", "r2", "rotary_mode"]
+    assert names("2.6.0.post5", "npu_rotary_mul") == ["input", "r1", "r2", "rotary_mode"]
     assert names("2.9.0.post9", "npu_rotary_mul")[-1] == "rotate"
     # npu_fusion_attention: softmax_layout (2.1.0.post17), sink (2.6.0.post5), dropout_mask.. (2.7.1.post8).
     assert names("2.1.0.post17", "npu_fusion_attention")[-1] == "softmax_layout"
@@ -244,10 +276,14 @@ def _render(argument: Argument) -> str:
 
 
 def _torchgen_view(model, schema: str) -> list[str]:
-    parsed = model.FunctionSchema.parse(schema)
-    keyword_only = {a.name for a in parsed.arguments.flat_kwarg_only}
-    keyword_only |= {a.name for a in parsed.arguments.out}
-    return [f"{'*' if a.name in keyword_only else ''}{a}" for a in parsed.arguments.flat_all]
+    # Only the arguments: torchgen's whole-schema check refuses an in-place op that returns
+    # a mutated argument not named ``self`` (``_npu_index_add_(Tensor(a!) input, ...)``),
+    # which is how torch_npu registers it and torch's own parser accepts.
+    declaration = schema.rsplit(") -> ", maxsplit=1)[0]
+    parsed = model.Arguments.parse(declaration.split("(", maxsplit=1)[1])
+    keyword_only = {a.name for a in parsed.flat_kwarg_only}
+    keyword_only |= {a.name for a in parsed.out}
+    return [f"{'*' if a.name in keyword_only else ''}{a}" for a in parsed.flat_all]
 
 
 # --------------------------------------------------------------------------- the generator
@@ -286,6 +322,13 @@ def test_generator_merges_symint_repeats_skips_bare_names_and_records_unparsable
     ]
     assert [row["schema"].split("(")[0] for row in skipped] == ["npu_max.names_dim"]
     assert "Dimname" in skipped[0]["reason"]
+    # Stored as registered: the yaml's `self` is `input`; skipped rows keep the yaml's text.
+    assert [e.schema for e in ops][:3] == [
+        "npu_a(Tensor input) -> Tensor",
+        "npu_a.out(Tensor input, *, Tensor(a!) out) -> Tensor(a!)",
+        "npu_b(Tensor input, *, float eps=1e-06) -> Tensor",
+    ]
+    assert "Tensor self" in skipped[0]["schema"]
 
     text = extractor.render("9.9.9", "torch_npu-9.9.9-cp311-x.whl", ops, skipped)
     data = json.loads(text)
@@ -298,6 +341,35 @@ def test_generator_merges_symint_repeats_skips_bare_names_and_records_unparsable
         "npu_b",
         "npu_c",
     ]
+
+
+def test_generator_renames_self_exactly_as_torch_npus_codegen(extractor):
+    """Only arguments named exactly ``self`` move; ``selfish``/``self_dim`` stay; so do in-place ops."""
+    torchgen_model()
+    assert (
+        extractor.registered_schema(
+            "npu_x_(Tensor(a!) self, Tensor selfish, int self_dim, Tensor[] self2) -> Tensor(a!)"
+        )
+        == "npu_x_(Tensor(a!) input, Tensor selfish, int self_dim, Tensor[] self2) -> Tensor(a!)"
+    )
+    assert extractor.registered_schema("f(Tensor x, Tensor self) -> Tensor") == (
+        "f(Tensor x, Tensor input) -> Tensor"
+    )
+    assert extractor.registered_schema("f(Tensor x) -> Tensor") == "f(Tensor x) -> Tensor"
+    # The substitution is torch_npu's own, applied verbatim.
+    assert extractor.SELF_ARGUMENT.pattern == r"\bself\b(?=[,\)])"
+
+
+def test_loading_refuses_format_1_data_which_kept_the_yamls_self(tmp_path, monkeypatch):
+    import ascend_patch_emulator._schemas as schemas
+
+    (tmp_path / "torch_npu-9.9.9.json").write_text(
+        '{"format": 1, "torch_npu": "9.9.9", "source": "x.whl", "skipped": [], "ops": []}',
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(schemas, "_DATA", tmp_path)
+    with pytest.raises(LookupError, match=r"format 1, not 2 .*extract_npu_schemas\.py 9\.9\.9"):
+        schemas.load_schemas.__wrapped__("9.9.9")
 
 
 def test_generator_stops_on_a_repeat_with_a_different_schema(extractor):

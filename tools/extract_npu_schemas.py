@@ -7,8 +7,10 @@ For each version this downloads the x86_64 Linux CPython 3.11 wheel with
 ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`` straight out of the
 zip, parses the schema of every entry of its ``custom``, ``autograd`` and
 ``symint`` sections with ``torchgen.model.FunctionSchema`` (shipped inside the
-torch wheel) and writes ``kits/emulator/ascend_patch_emulator/data/torch_npu-<version>.json``
-in the format documented in ``kits/emulator/ascend_patch_emulator/_schemas.py``.
+torch wheel), renames every ``self`` argument to ``input`` as torch_npu's code
+generator does when it registers the op (see :func:`registered_schema`), and writes
+``kits/emulator/ascend_patch_emulator/data/torch_npu-<version>.json`` in the format
+documented in ``kits/emulator/ascend_patch_emulator/_schemas.py``.
 
 Run it with an interpreter that has torch and PyYAML (the tests environment)::
 
@@ -24,6 +26,7 @@ regenerated file equals the committed one byte for byte unless the wheel changed
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,7 +45,14 @@ VERSIONS = ("2.1.0.post17", "2.6.0.post5", "2.9.0.post9", "2.12.0.post3", "2.13.
 YAML_PATH = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 #: The sections that declare ``npu::`` ops (``supported``/``quant`` override aten ops).
 SECTIONS = ("custom", "autograd", "symint")
-FORMAT = 1
+#: 2: schemas as registered (``self`` renamed to ``input``); 1 held the yaml's text.
+FORMAT = 2
+
+#: torch_npu's codegen (``codegen/custom_functions.py`` in 2.1, ``torchnpugen/custom_functions.py``
+#: from 2.6 to master, class ``RegisterCustomSchema``) runs exactly this substitution on each
+#: custom op's schema before ``m.def(...)``: the yaml says ``self``, ``torch.ops.npu`` (and so
+#: ``torch_npu.<op>``, which is ``torch.ops.npu.<op>``) takes ``input=``.
+SELF_ARGUMENT = re.compile(r"\bself\b(?=[,\)])")
 
 # Fixed wheel tags, so what is downloaded (and the "source" recorded in the data)
 # does not depend on the interpreter running the script. Older releases are tagged
@@ -127,11 +137,42 @@ class Entry(NamedTuple):
     schema: str
 
 
+def registered_schema(yaml_schema: str) -> str:
+    """``yaml_schema`` as torch_npu registers it: every ``self`` argument named ``input``.
+
+    torch_npu applies :data:`SELF_ARGUMENT` to torchgen's rendering of the schema; the
+    data keeps the yaml's own spelling, so the result is checked against torchgen's
+    reading of the arguments: the same ones in the same order, each ``self`` renamed,
+    nothing else touched. (Only the arguments are parsed: torchgen's whole-schema check
+    rejects an in-place op returning a mutated argument not named ``self``, which
+    torch's own schema parser, the one ``m.def`` uses, accepts.)
+    """
+    renamed, count = SELF_ARGUMENT.subn("input", yaml_schema)
+    before = _argument_names(yaml_schema)
+    if count != before.count("self") or _argument_names(renamed) != [
+        "input" if name == "self" else name for name in before
+    ]:
+        raise SystemExit(
+            f"renaming self to input changed more than those arguments:\n"
+            f"  yaml: {yaml_schema}\n  registered: {renamed}"
+        )
+    return renamed
+
+
+def _argument_names(schema: str) -> list[str]:
+    """The argument names of ``schema`` as torchgen reads them (split as it splits)."""
+    from torchgen.model import Arguments
+
+    declaration = schema.rsplit(") -> ", maxsplit=1)[0]
+    return [a.name for a in Arguments.parse(declaration.split("(", maxsplit=1)[1]).flat_all]
+
+
 def parse_entries(yaml_text: str) -> tuple[list[Entry], list[dict[str, str]]]:
     """(parsed ops sorted by name and overload, entries torchgen rejects).
 
     The ``symint`` section repeats some ``custom`` entries verbatim: one op each.
     A repeat whose schema differs would make the data ambiguous, so it stops the run.
+    Schemas are stored as registered (:func:`registered_schema`).
     """
     import yaml
     from torchgen.model import FunctionSchema
@@ -151,15 +192,18 @@ def parse_entries(yaml_text: str) -> tuple[list[Entry], list[dict[str, str]]]:
             except Exception as error:  # torchgen raises bare RuntimeError/AssertionError
                 skipped.append({"schema": raw, "section": section, "reason": f"torchgen: {error}"})
                 continue
-            entry = Entry(str(parsed.name.name), parsed.name.overload_name, section, exposed, raw)
+            schema = registered_schema(raw)
+            entry = Entry(
+                str(parsed.name.name), parsed.name.overload_name, section, exposed, schema
+            )
             key = f"{entry.name}.{entry.overload}"
             previous = ops.get(key)
             if previous is None:
                 ops[key] = entry
-            elif previous.schema != raw:
+            elif previous.schema != schema:
                 raise SystemExit(
                     f"{key} is declared twice with different schemas:\n"
-                    f"  {previous.section}: {previous.schema}\n  {section}: {raw}"
+                    f"  {previous.section}: {previous.schema}\n  {section}: {schema}"
                 )
             elif exposed and not previous.exposed:
                 ops[key] = previous._replace(exposed=True)

@@ -60,14 +60,15 @@ def test_a_wrong_keyword_fails_exactly_as_on_the_npu(emulated):
         torch_npu.npu_rms_norm(x, gamma, eps=1e-5)
     assert str(caught.value).startswith(
         "Unknown keyword argument 'eps' for operator 'npu::npu_rms_norm'. Schema: "
-        "npu::npu_rms_norm(Tensor self, Tensor gamma, float epsilon="
+        "npu::npu_rms_norm(Tensor input, Tensor gamma, float epsilon="
     )
     torch_npu.npu_rms_norm(x, gamma, epsilon=1e-5)  # the schema's own name binds
-    # The docs call it `input`; the schema says `self`.
+    # The yaml says `self`; torch_npu registers it as `input`, so `self=` fails.
+    torch_npu.fast_gelu(input=x)
     with pytest.raises(
-        RuntimeError, match=r"npu::fast_gelu\(\) is missing value for argument 'self'"
+        RuntimeError, match=r"npu::fast_gelu\(\) is missing value for argument 'input'"
     ):
-        torch_npu.fast_gelu(input=x)
+        torch_npu.fast_gelu(self=x)
     # Keyword-only arguments cannot be passed by position.
     with pytest.raises(RuntimeError, match="npu::npu_gelu"):
         torch_npu.npu_gelu(x, "tanh")

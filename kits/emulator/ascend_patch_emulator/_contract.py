@@ -14,6 +14,8 @@ Calls are found two ways and checked the same way:
 Binding follows torch's rules for schema calls, read from the committed schema data
 (no torch needed): at most as many positionals as there are arguments before ``*``,
 only declared keywords, no argument twice, every argument without a default given.
+Keyword names are the registered ones: torch_npu renames its yaml's ``self`` to
+``input`` when it registers an op, so ``self=`` is flagged and ``input=`` binds.
 A call through the op packet (``torch_npu.npu_x``) binds if any overload accepts it.
 
 A plugin declares the torch_npu versions it supports with a ``torch-npu``
@@ -158,9 +160,12 @@ def _bind_problems(call: OpCall, schema: OpSchema) -> list[str]:
     for keyword in call.keywords:
         if keyword not in names:
             close = difflib.get_close_matches(keyword, names, n=1, cutoff=0.5)
-            hint = (
-                f"schema has '{close[0]}'" if close else f"keywords: {', '.join(names) or 'none'}"
-            )
+            if keyword == "self" and "input" in names:
+                hint = "schema has 'input': torch_npu registers its yaml's 'self' as 'input'"
+            elif close:
+                hint = f"schema has '{close[0]}'"
+            else:
+                hint = f"keywords: {', '.join(names) or 'none'}"
             problems.append(f"no keyword '{keyword}' ({hint})")
         elif given is not None and keyword in positional_names[:given]:
             problems.append(f"argument '{keyword}' given by position and by keyword")

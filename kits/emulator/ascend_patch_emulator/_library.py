@@ -49,14 +49,30 @@ __all__ = [
 _NAMESPACE = "npu"
 
 
+def _kernel_name(parameters: Mapping[str, Any], name: str) -> str:
+    """The kernel parameter that takes schema argument ``name``.
+
+    torch_npu registers its yaml's ``self`` as ``input`` (see ``_schemas``); kernels
+    keep the yaml's ``self``, as torch_npu's C++ kernels do, so a registered ``input``
+    goes to a kernel's ``self`` when the kernel has no ``input`` of its own.
+    """
+    if name == "input" and "input" not in parameters and "self" in parameters:
+        return "self"
+    return name
+
+
 class _Entry:
     """One op overload: how to turn the dispatcher's arguments into the kernel's."""
 
-    __slots__ = ("defaults", "fn", "missing", "positional", "record_name")
+    __slots__ = ("defaults", "fn", "missing", "names", "positional", "record_name")
 
     def __init__(self, schema: Any, fn: Callable[..., Any] | None, missing: str) -> None:
-        self.positional = tuple(a.name for a in schema.arguments if not a.kwarg_only)
-        self.defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        parameters = inspect.signature(fn).parameters if fn is not None else {}
+        self.names = {a.name: _kernel_name(parameters, a.name) for a in schema.arguments}
+        self.positional = tuple(self.names[a.name] for a in schema.arguments if not a.kwarg_only)
+        self.defaults = {
+            self.names[a.name]: a.default_value for a in schema.arguments if a.has_default_value()
+        }
         self.fn = fn
         self.missing = missing
         name = schema.name.partition("::")[2]
@@ -66,7 +82,7 @@ class _Entry:
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         named = dict(self.defaults)
         named.update(zip(self.positional, args, strict=False))
-        named.update(kwargs)
+        named.update((self.names.get(k, k), v) for k, v in kwargs.items())
         return named
 
 
@@ -120,7 +136,7 @@ def _fit(fn: Callable[..., Any], schema: Any) -> str:
     parameters = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return ""
-    names = [a.name for a in schema.arguments]
+    names = [_kernel_name(parameters, a.name) for a in schema.arguments]
     unknown = [n for n in names if n not in parameters]
     required = [
         n

@@ -1,4 +1,4 @@
-"""The real torch_npu op schemas, per torch_npu version, from committed data files.
+r"""The real torch_npu op schemas, per torch_npu version, from committed data files.
 
 Each ``data/torch_npu-<version>.json`` is generated from that version's wheel by
 ``tools/extract_npu_schemas.py`` (it reads
@@ -6,11 +6,20 @@ Each ``data/torch_npu-<version>.json`` is generated from that version's wheel by
 autograd, symint, and parses every entry with ``torchgen.model.FunctionSchema``).
 Format (one op per line, sorted by name and overload)::
 
-    {"format": 1, "torch_npu": "2.14.0", "source": "<wheel file name>",
+    {"format": 2, "torch_npu": "2.14.0", "source": "<wheel file name>",
     "skipped": [{"schema": "...", "section": "custom", "reason": "torchgen: ..."}, ...],
     "ops": [{"name": "npu_rms_norm", "overload": "", "section": "custom", "exposed": true,
-             "schema": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)"},
+             "schema": "npu_rms_norm(Tensor input, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)"},
             ...]}
+
+Schemas are stored as torch_npu *registers* them, which is not what its yaml says:
+its code generator renames every ``self`` argument to ``input`` before ``m.def``
+(``re.sub(r'\bself\b(?=[,\)])', 'input', schema)`` in ``custom_functions.py``, from
+2.1 to master), so on an NPU ``torch_npu.fast_gelu(input=x)`` binds and ``self=x``
+fails. The extractor applies the same substitution, so the emulator, which defines
+these strings with ``torch.library``, and the contract check, which binds calls
+against them, both see the registered names (format 2; format 1 held the yaml's
+text and is refused). ``skipped`` rows keep the yaml's text: they are never registered.
 
 ``skipped`` lists the entries torchgen cannot parse (the ``Dimname`` overloads of
 the 2.1 to 2.12 wheels); torch cannot register them either, so they are not ops here.
@@ -39,6 +48,9 @@ __all__ = [
 
 _DATA = Path(__file__).resolve().parent / "data"
 _PREFIX = "torch_npu-"
+
+#: The data format this module reads (see the module docstring).
+_FORMAT = 2
 
 #: The torch_npu release that pairs with the torch the project tests against (2.13).
 DEFAULT_VERSION = "2.13.0"
@@ -174,6 +186,12 @@ def load_schemas(version: str = DEFAULT_VERSION) -> dict[str, OpSchema]:
         known = ", ".join(available_versions()) or "none"
         raise LookupError(f"no torch_npu schema data for version {version!r}; available: {known}")
     data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format") != _FORMAT:
+        raise LookupError(
+            f"{path.name} is schema data format {data.get('format')!r}, not {_FORMAT} "
+            f"(format 1 kept the yaml's 'self' where torch_npu registers 'input'); "
+            f"regenerate it with tools/extract_npu_schemas.py {version}"
+        )
     ops: dict[str, OpSchema] = {}
     for row in data["ops"]:
         op = OpSchema(
