@@ -261,12 +261,12 @@ def patch_storage_deepcopy() -> Undo:
         return copied
 
     __deepcopy__.__wrapped__ = original  # type: ignore[attr-defined]
-    storage_class.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
+    storage_class.__deepcopy__ = __deepcopy__
 
     def undo() -> None:
         if shadowed is None:
             del storage_class.__deepcopy__
         else:
-            storage_class.__deepcopy__ = shadowed  # type: ignore[method-assign]
+            storage_class.__deepcopy__ = shadowed
 
     return undo
