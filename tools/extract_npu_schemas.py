@@ -48,8 +48,9 @@ SECTIONS = ("custom", "autograd", "symint")
 #: 2: schemas as registered (``self`` renamed to ``input``); 1 held the yaml's text.
 FORMAT = 2
 
-#: torch_npu's codegen (``codegen/custom_functions.py`` in 2.1, ``torchnpugen/custom_functions.py``
-#: from 2.6 to master, class ``RegisterCustomSchema``) runs exactly this substitution on each
+#: torch_npu's codegen (``codegen/custom_functions.py`` in 2.1 from 2.1.0.post9 on,
+#: ``torchnpugen/custom_functions.py`` from 2.6 to master; class ``RegisterCustomSchema``;
+#: the 2.1.0.post4 branch lacks it) runs exactly this substitution on each
 #: custom op's schema before ``m.def(...)``: the yaml says ``self``, ``torch.ops.npu`` (and so
 #: ``torch_npu.<op>``, which is ``torch.ops.npu.<op>``) takes ``input=``.
 SELF_ARGUMENT = re.compile(r"\bself\b(?=[,\)])")
