@@ -213,10 +213,12 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
     from . import _runtime_graphs
     from . import _runtime_memory
     from . import _runtime_streams
+    from . import _tracing
 
     undos: list[Callable[[], None]] = []
     try:
         registration = _library.register(version)
+        _tracing.install(registration)
         package = _modules.build(
             version,
             registration.namespace,

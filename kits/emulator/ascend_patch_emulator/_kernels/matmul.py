@@ -14,8 +14,11 @@ schema but does not change the result.
 * ``split_item`` 0/1 returns one tensor per group, 2/3 one tensor of all rows;
 * ``act_type`` 0 none, 1 relu, 2 gelu (tanh), 4 fast_gelu, 5 silu.
 
+* ``group_type`` 2 (split K, the weight-gradient form): ``x`` one ``[M, K]`` tensor,
+  ``weight`` one ``[K, N]`` tensor, K split by ``group_list``; one ``[E, M, N]`` result.
+
 Quantization arguments (``scale``, ``offset``, ``antiquant_*``, ``per_token_scale``,
-``activation_*``) and ``group_type`` 2 (split K) are not emulated and raise.
+``activation_*``) are not emulated and raise.
 Forward only, like the real op.
 """
 
@@ -95,6 +98,30 @@ def _row_spans(group_list: Any, group_list_type: int | None, rows: int) -> list[
     return spans
 
 
+def _split_k(
+    x: Sequence[Any],
+    weight: Sequence[Any],
+    bias: Sequence[Any] | None,
+    group_list: Any,
+    group_list_type: int | None,
+    act_type: int | None,
+) -> Any:
+    """group_type 2: ``x [M, K]`` and ``weight [K, N]`` split along K -> ``[E, M, N]``.
+
+    The weight-gradient form (``x = inp.T``, ``weight = grad_out``): group ``e`` is
+    ``x[:, k_e] @ weight[k_e, :]`` for the K span ``k_e`` that ``group_list`` gives.
+    """
+    if len(x) != 1 or len(weight) != 1 or x[0].dim() != 2 or weight[0].dim() != 2:
+        raise _fail("group_type 2 takes x as one [M, K] and weight as one [K, N] tensor")
+    if bias is not None:
+        raise _fail("group_type 2 takes no bias")
+    wide = compute_dtype(x[0])
+    a, b = x[0].to(wide), weight[0].to(wide)
+    spans = _row_spans(group_list, group_list_type, a.shape[1])
+    pieces = [_activation(a[:, s:e] @ b[s:e], act_type) for s, e in spans]
+    return torch.stack(pieces).to(x[0].dtype)
+
+
 def _grouped_matmul(
     x: Sequence[Any],
     weight: Sequence[Any],
@@ -125,8 +152,10 @@ def _grouped_matmul(
         biases = _per_group(bias, len(spans), "bias", 1)
         rows = x[0].to(wide)
         pieces = [rows[s:e] @ w.to(wide) for (s, e), w in zip(spans, weights, strict=True)]
+    elif group_type == 2:
+        return [_split_k(x, weight, bias, group_list, group_list_type, act_type)]
     else:
-        raise _fail(f"group_type {group_type} is not emulated (None, -1 and 0 are)")
+        raise _fail(f"group_type only supports -1, 0 and 2, but got {group_type}")
     outputs = []
     for piece, b in zip(pieces, biases, strict=True):
         if b is not None:
