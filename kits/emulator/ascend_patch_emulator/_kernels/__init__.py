@@ -1,7 +1,9 @@
 """CPU reference kernels for torch_npu ops, one module per op family.
 
 A kernel is a plain function of the op's schema arguments, by their schema names
-(``self``, ``gamma``, ``epsilon``), written from the formulas in the op docs. The
+(``self``, ``gamma``, ``epsilon``), written from the formulas in the op docs. ``self``
+is the yaml's name, which torch_npu registers as ``input``; a kernel may take either,
+the dispatch hands the registered ``input`` to a ``self`` parameter. The
 emulator's dispatch passes every argument of the active version's schema by name,
 defaults filled in; arguments that only newer versions have get Python defaults in
 the kernel, so one kernel serves every version. Kernels run with autograd off and
