@@ -234,3 +234,13 @@ def test_torch_compile_runs_the_inplace_ops(emulated):
     out = compiled(target, indices, updates)
     torch.testing.assert_close(target, expected)
     assert out is target
+
+
+def test_format_cast_from_a_source_tensor_has_no_false_twin(emulated):
+    """npu_format_cast_(self, src) writes src's values; npu_format_cast.Tensor casts self."""
+    from ascend_patch_emulator._tracing import installed_functionalizations
+
+    found = installed_functionalizations()
+    assert "npu_format_cast_" not in found
+    if "npu_format_cast_.acl_format" in found:
+        assert found["npu_format_cast_.acl_format"] == "npu_format_cast"

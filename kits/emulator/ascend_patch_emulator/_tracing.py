@@ -68,16 +68,20 @@ def _mutated_alias(schema: Any) -> bool:
 
 
 def _twin(qualified: str, implemented: list[str]) -> str | None:
-    """The functional overload with the in-place one's argument types, if any."""
+    """The functional overload with the in-place one's argument names and types, if any.
+
+    Names matter: ``npu_format_cast_(self, Tensor src)`` writes ``src``'s values into
+    ``self``, so ``npu_format_cast.Tensor(self, Tensor dst)`` is not its functional form.
+    """
     name = qualified.partition(".")[0]
     if not name.endswith("_"):
         return None
-    wanted = [str(a.type) for a in _overload(qualified)._schema.arguments]
+    wanted = [(a.name, str(a.type)) for a in _overload(qualified)._schema.arguments]
     for candidate in implemented:
         if candidate.partition(".")[0] != name[:-1]:
             continue
         schema = _overload(candidate)._schema
-        if [str(a.type) for a in schema.arguments] == wanted and not any(
+        if [(a.name, str(a.type)) for a in schema.arguments] == wanted and not any(
             a.alias_info for a in schema.arguments
         ):
             return candidate
