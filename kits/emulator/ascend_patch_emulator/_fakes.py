@@ -186,7 +186,7 @@ def _grouped_matmul(args: Mapping[str, Any]) -> Any:
         return weight[0].shape[2] if single else weight[min(i, len(weight) - 1)].shape[-1]
 
     if group_type == 2:
-        group_list = args.get("group_list")
+        group_list: Any = args.get("group_list")
         torch._check(group_list is not None, lambda: "group_type 2 needs group_list")
         groups = group_list.shape[0] if isinstance(group_list, torch.Tensor) else len(group_list)
         return [_empty(x[0], [groups, x[0].shape[0], columns(0)], dtype)]
@@ -212,7 +212,7 @@ def _confusion_transpose(args: Mapping[str, Any]) -> Any:
 # --- attention --------------------------------------------------------------------------
 
 
-def _attention_sizes(q: Any, k: Any, v: Any, heads: int, layout: str) -> tuple[Any, Any, list]:
+def _attention_sizes(q: Any, k: Any, v: Any, heads: int, layout: str) -> tuple[Any, Any, list[Any]]:
     """(batch, query length, output shape) for a non-TND layout."""
     if layout in ("BSH", "SBH"):
         batch, length = (q.shape[0], q.shape[1]) if layout == "BSH" else (q.shape[1], q.shape[0])
