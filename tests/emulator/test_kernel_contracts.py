@@ -44,7 +44,7 @@ SAMPLES = {
     "npu_bmmV2": lambda: ((_t(2, 3, 4), _t(2, 4, 5, seed=1), []), {}),
     "npu_grouped_matmul": lambda: (
         ([_t(2, 3), _t(4, 3, seed=1)], [_t(3, 5, seed=2), _t(3, 6, seed=3)]),
-        {},
+        {"group_type": -1},
     ),
     "npu_grouped_matmul.List": lambda: (([_t(2, 3)], [_t(3, 5, seed=1)]), {}),
     "npu_confusion_transpose": lambda: ((_t(2, 3, 4), [0, 2, 1], [2, 12], True), {}),

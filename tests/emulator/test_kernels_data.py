@@ -213,11 +213,11 @@ def test_grouped_matmul_lists_and_unemulated_quantization(emulated, assert_close
 
     xs = [torch.randn(2, 3), torch.randn(4, 5)]
     ws = [torch.randn(3, 6), torch.randn(5, 1)]
-    outputs = torch_npu.npu_grouped_matmul(xs, ws)
+    outputs = torch_npu.npu_grouped_matmul(xs, ws, group_type=-1)
     for x, w, y in zip(xs, ws, outputs, strict=True):
         assert_close(y, x.double() @ w.double())
     with pytest.raises(RuntimeError, match="quantized grouped matmul is not emulated"):
-        torch_npu.npu_grouped_matmul(xs, ws, scale=[torch.ones(6), torch.ones(1)])
+        torch_npu.npu_grouped_matmul(xs, ws, scale=[torch.ones(6), torch.ones(1)], group_type=-1)
 
 
 @SETTINGS

@@ -137,7 +137,11 @@ def _grouped_matmul(
     if used:
         raise _fail(f"quantized grouped matmul is not emulated (got {', '.join(used)})")
     if not x or not weight:
-        raise _fail("x and weight must be non-empty lists")
+        raise _fail("Invalid inputs: neither x nor weight could be empty.")
+    if split_item not in (None, 0, 1, 2, 3):
+        raise _fail(
+            f"Invalid value of split_item [{split_item}], which should only be one of 0/1/2/3."
+        )
     dtype = x[0].dtype
     wide = compute_dtype(x[0])
     if group_type is None or group_type == -1:
@@ -155,7 +159,11 @@ def _grouped_matmul(
     elif group_type == 2:
         return [_split_k(x, weight, bias, group_list, group_list_type, act_type)]
     else:
-        raise _fail(f"group_type only supports -1, 0 and 2, but got {group_type}")
+        # op-plugin's eager check, then its meta check's words (torch.compile, fake tensors).
+        raise _fail(
+            f"Use Tensor input with current cann version, The group type must be -1, 0 or 2, "
+            f"but now is [{group_type}] (group_type only supports -1, 0 and 2, but got {group_type})"
+        )
     outputs = []
     for piece, b in zip(pieces, biases, strict=True):
         if b is not None:
@@ -166,7 +174,15 @@ def _grouped_matmul(
     return outputs
 
 
-@kernel("npu_grouped_matmul", "npu_grouped_matmul.List")
+@kernel("npu_grouped_matmul")
+def grouped_matmul_tensor_group_list(**named: Any) -> list[Any]:
+    """The overload with a ``Tensor? group_list``: op-plugin wants ``group_type`` given."""
+    if named.get("group_type") is None:
+        raise _fail("Requires manual passing group_type, current is None.")
+    return grouped_matmul(**named)
+
+
+@kernel("npu_grouped_matmul.List")
 def grouped_matmul(
     x: Sequence[Any],
     weight: Sequence[Any],
