@@ -316,10 +316,12 @@ def test_fusion_attention_grad_with_pse_and_dropout_replays_the_forward(emulated
     dy = _t(*q.shape, seed=5)
 
     def op(a, b, c, p):
-        return torch.ops.npu.npu_fusion_attention(a, b, c, 2, "BNSD", pse=p, keep_prob=0.7, seed=11)
+        return torch.ops.npu.npu_fusion_attention(a, b, c, 2, "BNSD", pse=p, keep_prob=0.7)
 
+    torch.manual_seed(3)
     forward = op(q, k, v, pse)
-    assert forward[4] == 11
+    assert forward[4] != 0
+    torch.manual_seed(3)
     expected = _grads(op, (q, k, v, pse), (0, 1, 2, 3), dy)
     got = torch.ops.npu.npu_fusion_attention_grad(
         q,
