@@ -244,3 +244,11 @@ def test_format_cast_from_a_source_tensor_has_no_false_twin(emulated):
     assert "npu_format_cast_" not in found
     if "npu_format_cast_.acl_format" in found:
         assert found["npu_format_cast_.acl_format"] == "npu_format_cast"
+
+
+def test_meta_tensors_take_the_fake_kernels(emulated):
+    x = torch.empty(2, 8, 4, 125, device="meta")
+    assert torch.ops.npu.npu_rotary_mul(x, x, x).device.type == "meta"
+    q = torch.empty(2, 4, 16, 8, device="meta")
+    out = torch.ops.npu.npu_fusion_attention(q, q, q, 4, "BNSD")
+    assert out[0].device.type == "meta" and out[1].shape == (2, 4, 16, 8)
