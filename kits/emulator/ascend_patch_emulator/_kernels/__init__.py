@@ -7,7 +7,9 @@ the dispatch hands the registered ``input`` to a ``self`` parameter. The
 emulator's dispatch passes every argument of the active version's schema by name,
 defaults filled in; arguments that only newer versions have get Python defaults in
 the kernel, so one kernel serves every version. Kernels run with autograd off and
-must return new tensors (never an input or a view of one), as a functional op does.
+must return new tensors (never an input or a view of one), as a functional op does,
+unless torch_npu's op itself returns its input (in-place ops; ``npu_format_cast`` to
+the format the input already has, see ``layout``).
 
 ``differentiable=True`` marks ops whose real counterpart has a derivative
 (op-plugin's ``derivatives.yaml``); their gradient is the derivative of the
