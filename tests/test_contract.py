@@ -267,6 +267,25 @@ def test_static_scan_flags_self_and_accepts_input_in_every_version(tmp_path):
     )
 
 
+def test_several_outs_are_one_out_list_to_the_check(tmp_path):
+    root = write_plugin(
+        tmp_path,
+        {
+            "adam.py": """\
+            import torch
+
+
+            def step(s, g, var, m, v):
+                torch.ops.npu.npu_apply_adam.out(s, s, s, s, s, s, g, None, None, out=[var, m, v])
+                torch.ops.npu.npu_apply_adam.out(s, s, s, s, s, s, g, None, None, var=var, m=m, v=v)
+            """
+        },
+    )
+    check = check_plugin(root)
+    assert {m.site for m in check.mismatches} == {"fakeplugin/adam.py:6"}
+    assert {m.version for m in check.mismatches} == set(ALL)
+
+
 def test_recorded_input_calls_pass_the_check(tmp_path):
     """Calls made with `input=` run under the emulator, are recorded and bind in every version."""
     import torch

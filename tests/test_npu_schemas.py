@@ -360,6 +360,43 @@ def test_generator_renames_self_exactly_as_torch_npus_codegen(extractor):
     assert extractor.SELF_ARGUMENT.pattern == r"\bself\b(?=[,\)])"
 
 
+def test_generator_merges_several_out_arguments_into_one_list_as_torch_npu_registers_them(
+    extractor,
+):
+    """An overload with more than one out argument is registered with ``Tensor[] out`` and plain
+    returns; one out argument stays as declared."""
+    torchgen_model()
+    assert (
+        extractor.registered_schema(
+            "npu_h.out(Tensor self, bool s=False, int[2] k=[1,1], *, Tensor(a!) pdf, "
+            "Tensor(b!) mantissa) -> (Tensor(a!), Tensor(b!))"
+        )
+        == "npu_h.out(Tensor input, bool s=False, int[2] k=[1,1], *, Tensor[] out) -> (Tensor, Tensor)"
+    )
+    assert (
+        extractor.registered_schema(
+            "npu_g.out(Tensor x, *, float? e=None, Tensor(a!) a, Tensor(b!) b, Tensor(c!) c) "
+            "-> (Tensor(a!), Tensor(b!), Tensor(c!))"
+        )
+        == "npu_g.out(Tensor x, *, float? e=None, Tensor[] out) -> (Tensor, Tensor, Tensor)"
+    )
+    single = "npu_a.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)"
+    assert extractor.registered_schema(single) == single
+
+
+@pytest.mark.parametrize("version", REQUIRED)
+def test_no_committed_overload_declares_several_out_arguments(version):
+    """6 (2.1, 2.6) or 8 (2.9+) ``.out`` overloads had several; each now takes one ``out`` list."""
+    merged = []
+    for op in load_schemas(version).values():
+        written = [a for a in op.arguments if a.kwarg_only and "!" in a.type]
+        assert len(written) <= 1, op.schema
+        if op.arguments and op.arguments[-1] == Argument("out", "Tensor[]", None, True):
+            merged.append(op.qualified)
+    assert len(merged) == (6 if version in ("2.1.0.post17", "2.6.0.post5") else 8)
+    assert "npu_apply_adam.out" in merged
+
+
 def test_loading_refuses_format_1_data_which_kept_the_yamls_self(tmp_path, monkeypatch):
     import ascend_patch_emulator._schemas as schemas
 

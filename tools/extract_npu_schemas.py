@@ -7,8 +7,9 @@ For each version this downloads the x86_64 Linux CPython 3.11 wheel with
 ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`` straight out of the
 zip, parses the schema of every entry of its ``custom``, ``autograd`` and
 ``symint`` sections with ``torchgen.model.FunctionSchema`` (shipped inside the
-torch wheel), renames every ``self`` argument to ``input`` as torch_npu's code
-generator does when it registers the op (see :func:`registered_schema`), and writes
+torch wheel), rewrites each as torch_npu's code generator does when it registers
+the op (``self`` becomes ``input``, several out arguments one ``Tensor[] out``; see
+:func:`registered_schema`), and writes
 ``kits/emulator/ascend_patch_emulator/data/torch_npu-<version>.json`` in the format
 documented in ``kits/emulator/ascend_patch_emulator/_schemas.py``.
 
@@ -45,7 +46,8 @@ VERSIONS = ("2.1.0.post17", "2.6.0.post5", "2.9.0.post9", "2.12.0.post3", "2.13.
 YAML_PATH = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 #: The sections that declare ``npu::`` ops (``supported``/``quant`` override aten ops).
 SECTIONS = ("custom", "autograd", "symint")
-#: 2: schemas as registered (``self`` renamed to ``input``); 1 held the yaml's text.
+#: 2: schemas as registered (``self`` renamed to ``input``, several outs merged into one
+#: ``Tensor[] out``); 1 held the yaml's text.
 FORMAT = 2
 
 #: torch_npu's codegen (``codegen/custom_functions.py`` in 2.1 from 2.1.0.post9 on,
@@ -139,33 +141,48 @@ class Entry(NamedTuple):
 
 
 def registered_schema(yaml_schema: str) -> str:
-    """``yaml_schema`` as torch_npu registers it: every ``self`` argument named ``input``.
+    """``yaml_schema`` as torch_npu registers it (``m.def``), which is not the yaml's text.
 
-    torch_npu applies :data:`SELF_ARGUMENT` to torchgen's rendering of the schema; the
-    data keeps the yaml's own spelling, so the result is checked against torchgen's
-    reading of the arguments: the same ones in the same order, each ``self`` renamed,
-    nothing else touched. (Only the arguments are parsed: torchgen's whole-schema check
-    rejects an in-place op returning a mutated argument not named ``self``, which
-    torch's own schema parser, the one ``m.def`` uses, accepts.)
+    torch_npu's codegen makes two changes before registering an op: an overload with
+    more than one out argument (``*, Tensor(a!) pdf, Tensor(b!) mantissa``) takes them
+    as one ``Tensor[] out`` and returns plain ``(Tensor, Tensor)``; then every ``self``
+    argument becomes ``input`` (:data:`SELF_ARGUMENT`). torch_npu rewrites torchgen's
+    rendering of the schema; the data keeps the yaml's own spelling, so each result is
+    checked against torchgen's reading of the arguments: the same ones in the same
+    order, the out arguments merged, each ``self`` renamed, nothing else touched.
+    (Only the arguments are parsed: torchgen's whole-schema check rejects an in-place
+    op returning a mutated argument not named ``self``, which torch's own schema
+    parser, the one ``m.def`` uses, accepts.)
     """
-    renamed, count = SELF_ARGUMENT.subn("input", yaml_schema)
-    before = _argument_names(yaml_schema)
-    if count != before.count("self") or _argument_names(renamed) != [
-        "input" if name == "self" else name for name in before
-    ]:
+    outs = _arguments(yaml_schema).out
+    merged = yaml_schema
+    if len(outs) > 1:
+        declaration = yaml_schema.rsplit(") -> ", maxsplit=1)[0]
+        # The out arguments are the last declarations (torchgen checks it); none holds a comma.
+        kept = declaration.rsplit(",", maxsplit=len(outs))[0]
+        merged = f"{kept}, Tensor[] out) -> ({', '.join(['Tensor'] * len(outs))})"
+    renamed, count = SELF_ARGUMENT.subn("input", merged)
+    yaml_names = [a.name for a in _arguments(yaml_schema).flat_all]
+    out_names = {a.name for a in outs} if len(outs) > 1 else set()
+    expected = [n for n in yaml_names if n not in out_names] + (["out"] if out_names else [])
+    expected = ["input" if name == "self" else name for name in expected]
+    if (
+        count != yaml_names.count("self")
+        or [a.name for a in _arguments(renamed).flat_all] != expected
+    ):
         raise SystemExit(
-            f"renaming self to input changed more than those arguments:\n"
+            f"registering changed more than the out and self arguments:\n"
             f"  yaml: {yaml_schema}\n  registered: {renamed}"
         )
     return renamed
 
 
-def _argument_names(schema: str) -> list[str]:
-    """The argument names of ``schema`` as torchgen reads them (split as it splits)."""
+def _arguments(schema: str) -> Any:
+    """torchgen's ``Arguments`` of ``schema`` (split as ``FunctionSchema.parse`` splits)."""
     from torchgen.model import Arguments
 
     declaration = schema.rsplit(") -> ", maxsplit=1)[0]
-    return [a.name for a in Arguments.parse(declaration.split("(", maxsplit=1)[1]).flat_all]
+    return Arguments.parse(declaration.split("(", maxsplit=1)[1])
 
 
 def parse_entries(yaml_text: str) -> tuple[list[Entry], list[dict[str, str]]]:

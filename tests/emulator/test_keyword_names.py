@@ -140,3 +140,19 @@ def test_autograd_reaches_a_kernel_called_with_input(emulated):
     x.grad = None
     torch_npu.fast_gelu(x).sum().backward()
     torch.testing.assert_close(by_keyword, x.grad)
+
+
+def test_an_overload_with_several_outs_takes_one_out_list(emulated):
+    """torch_npu registers ``npu_apply_adam.out(..., *, Tensor(a!) var, Tensor(b!) m, ...)`` as
+    ``(..., *, Tensor[] out)``: ``out=[...]`` binds, the yaml's names do not."""
+    op = load_schemas(emulated.version)["npu_apply_adam.out"]
+    overload = torch.ops.npu.npu_apply_adam.out
+    scalars = [1.0] * 6
+    given = [*scalars, torch.zeros(2), None, None]
+    outs = [torch.zeros(2) for _ in range(3)]
+    assert _bound(lambda: overload(*given, out=outs)), op.schema
+    with pytest.raises(RuntimeError, match=r"npu::npu_apply_adam"):
+        overload(*given, var=outs[0], m=outs[1], v=outs[2])
+    with CallRecorder() as recorder, contextlib.suppress(RuntimeError):
+        overload(*given, var=outs[0], m=outs[1], v=outs[2])
+    assert not recorder.calls

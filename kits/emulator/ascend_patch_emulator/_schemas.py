@@ -16,8 +16,9 @@ Schemas are stored as torch_npu *registers* them, which is not what its yaml say
 its code generator renames every ``self`` argument to ``input`` before ``m.def``
 (``re.sub(r'\bself\b(?=[,\)])', 'input', schema)`` in ``custom_functions.py``, from
 2.1.0.post9 to master), and ``torch_npu.<op>`` is ``torch.ops.npu.<op>``, so
-``torch_npu.fast_gelu(input=x)`` binds and ``self=x`` does not. The extractor
-applies the same substitution, so the emulator, which defines these strings with
+``torch_npu.fast_gelu(input=x)`` binds and ``self=x`` does not; an overload with
+several out arguments is registered with one ``Tensor[] out``. The extractor
+applies the same rewrites, so the emulator, which defines these strings with
 ``torch.library``, and the contract check, which binds calls against them, both see
 the registered names (format 2; format 1 held the yaml's text and is refused).
 ``skipped`` rows keep the yaml's text: they are never registered.
