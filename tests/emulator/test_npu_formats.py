@@ -182,3 +182,15 @@ def test_weak_ref_tensor_aliases_memory_and_keeps_the_format(npu):
     gc.collect()
     assert alive() is None
     del weak_ref
+
+
+def test_a_view_answers_for_the_storage_it_was_taken_from(npu):
+    # torch_npu's test_view_reshape_nd_to_nz_fallback: a 1-D view of a 2-D storage can be NZ
+    t = torch.rand(32, 64)
+    flat = t.reshape(-1)
+    nz = npu.npu_format_cast(flat, NZ)
+    assert npu.get_npu_format(nz) == NZ and nz.shape == flat.shape
+    back = npu.npu_format_cast(nz, ND)
+    assert npu.get_npu_format(back) == ND and torch.equal(back, flat)
+    # the default format is the storage's: a 2-D view of a 4-D tensor reports NCHW
+    assert npu.get_npu_format(torch.ones(2, 3, 4, 5).view(6, 20)) == NCHW

@@ -98,13 +98,15 @@ def _guess_base_format(sizes: Sequence[int]) -> int:
 def _desc(tensor: Any) -> _Desc:
     """The tensor's storage descriptor; for a storage never cast, as torch_npu creates it.
 
-    The storage's creation sizes are unknown here: the tensor's own sizes stand in.
+    The storage's creation sizes are not recorded: those of the tensor a view was taken
+    from (``_base``), else the tensor's own, stand in for them.
     """
     storage = _storage(tensor)
     found = _descs.get(storage) if storage is not None else None
     if found is not None:
         return found
-    sizes = tuple(tensor.shape)
+    base = getattr(tensor, "_base", None)
+    sizes = tuple((tensor if base is None else base).shape)
     return _Desc(_guess_base_format(sizes), sizes)
 
 
