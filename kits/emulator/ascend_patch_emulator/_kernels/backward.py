@@ -168,8 +168,8 @@ def fusion_attention_grad(
     """Returns ``(dq, dk, dv, dpse)`` and, where the schema has ``sink`` (2.6 on), ``dsink``.
 
     ``dpse`` (``dsink``) is an empty tensor when no ``pse`` (``sink``) was given. With
-    ``keep_prob < 1`` the dropout mask is the forward's: ``seed`` is the seed the forward
-    returned (its fifth value).
+    ``keep_prob < 1`` the dropout mask is the forward's: ``seed`` is the value the
+    forward returned fifth.
     """
     has_sink_output = sink is not _ABSENT
     sink_in = None if sink is _ABSENT else sink
