@@ -1,7 +1,9 @@
 """Mixture-of-experts routing: ``npu_moe_gating_top_k_softmax``.
 
 ``p = softmax(x, -1)``; ``(y, expert_idx) = topk(p, k)`` (sorted, descending);
-``row_idx[r, j] = j * R + r`` for ``R`` rows. Rows with ``finished`` True keep
+``row_idx[r, j] = j * R + r`` for ``R`` rows. The order is op-plugin's golden's
+(test_npu_moe_gating_top_k_softmax.py): a stable descending sort of ``p`` in ``x``'s
+dtype, so probabilities equal there go to the lower expert index. Rows with ``finished`` True keep
 their ``y`` but get expert index ``E`` (one past the last expert), as in the
 FasterTransformer kernel this op reproduces. Indices are int32. Forward only.
 """
@@ -22,7 +24,11 @@ def moe_gating_top_k_softmax(x: Any, finished: Any = None, k: int = 1) -> tuple[
     if not 1 <= k <= experts:
         raise RuntimeError(f"npu_moe_gating_top_k_softmax: k must be in [1, {experts}], got {k}")
     probs = torch.softmax(x.to(compute_dtype(x)), dim=-1)
-    y, expert_idx = probs.topk(k, dim=-1)
+    # Sorted as op-plugin's golden sorts: stable, on p rounded to x's dtype (topk breaks
+    # ties in no documented order).
+    order = torch.sort(probs.to(x.dtype), dim=-1, descending=True, stable=True).indices
+    expert_idx = order[..., :k]
+    y = probs.gather(-1, expert_idx)
     expert_idx = expert_idx.to(torch.int32)
     if finished is not None:
         if tuple(finished.shape) != tuple(x.shape[:-1]):

@@ -1,0 +1,268 @@
+"""Emulator kernels against the facts in Ascend/op-plugin, for ops Ascend/pytorch has no golden for.
+
+Each test names the op-plugin file its facts come from (repository ``Ascend/op-plugin``,
+https://github.com/Ascend/op-plugin, path given in the test). The references below are
+written here from those facts: the CPU formula op-plugin's test compares the NPU with, the
+shapes its meta (fake) registration gives, and the defaults, dtypes and constraints its API
+page states. Where op-plugin's test runs a large case on hardware, a smaller case with the same
+structure is used here so the suite stays fast.
+"""
+
+# op-plugin names its beta API pages with fullwidth parentheses (U+FF08, U+FF09) round "beta".
+# ruff: noqa: RUF002
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+# --- npu_swiglu -------------------------------------------------------------------------
+
+
+def _swiglu_reference(x, dim):
+    a, b = np.split(x.astype(np.float64), 2, axis=dim)
+    return a / (1 + np.exp(-a)) * b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_swiglu_formula_default_dim_and_dtype(emulated, dtype):
+    """swish(A) * B with A, B the halves along ``dim`` (default -1); dtype of the input.
+
+    Source: Ascend/op-plugin docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_swiglu.md
+    (formula, ``dim=-1`` default, same dtype as the input; its example shape [2, 32, 6, 6]).
+    """
+    import torch_npu
+
+    x = torch.from_numpy(_rng(0).standard_normal((2, 32, 6, 6))).to(dtype)
+    out = torch_npu.npu_swiglu(x)
+    assert out.dtype == dtype and out.shape == (2, 32, 6, 3)
+    assert torch.equal(out, torch_npu.npu_swiglu(x, dim=-1))
+    expected = torch.from_numpy(_swiglu_reference(x.double().numpy(), -1))
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2, 3])
+def test_swiglu_splits_the_given_dim(emulated, dim):
+    """Any dim in [-input.dim(), input.dim() - 1]; the output halves that dim (floor(size / 2)).
+
+    Sources: Ascend/op-plugin docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_swiglu.md
+    (``dim`` range) and op_plugin/python/meta/_meta_registrations.py (``npu_swiglu_meta``).
+    """
+    import torch_npu
+
+    x = torch.from_numpy(_rng(1).standard_normal((4, 6, 8, 2)).astype(np.float32))
+    out = torch_npu.npu_swiglu(x, dim)
+    shape = list(x.shape)
+    shape[dim] //= 2
+    assert list(out.shape) == shape
+    expected = torch.from_numpy(_swiglu_reference(x.numpy(), dim))
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+# --- npu_gelu ---------------------------------------------------------------------------
+
+
+def test_gelu_tanh_matches_torch_gelu_in_float16(emulated):
+    """op-plugin's golden: ``torch.nn.functional.gelu(x, approximate=mode)`` on the CPU.
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_gelu.py (fp16 ``rand`` input
+    [100, 400], ``approximate="tanh"``, output compared in float16).
+    """
+    torch.manual_seed(0)
+    x = torch.rand(100, 400, dtype=torch.float16)
+    out = torch.ops.npu.npu_gelu(x, approximate="tanh")
+    golden = F.gelu(x.float(), approximate="tanh").half()
+    assert out.dtype == torch.float16 and out.shape == x.shape
+    torch.testing.assert_close(out, golden, rtol=1e-3, atol=1e-3)
+
+
+def test_gelu_default_is_erf_and_accepts_non_contiguous(emulated):
+    """``approximate='none'`` (erf) by default; same dtype and shape; non-contiguous input works.
+
+    Source: Ascend/op-plugin docs/zh/custom_APIs/torch_npu/torch_npu-npu_gelu.md.
+    """
+    import torch_npu
+
+    x = torch.from_numpy(_rng(2).standard_normal((100, 200)).astype(np.float32)).T
+    assert not x.is_contiguous()
+    out = torch_npu.npu_gelu(x)
+    x64 = x.double()
+    erf_golden = 0.5 * x64 * (1 + torch.erf(x64 / 2**0.5))
+    assert out.dtype == torch.float32 and out.shape == (200, 100)
+    torch.testing.assert_close(out.double(), erf_golden, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(out, torch_npu.npu_gelu(x, approximate="tanh"), rtol=0, atol=1e-7)
+
+
+# --- npu_rms_norm / npu_add_rms_norm ---------------------------------------------------
+
+
+def _rms_golden(x, gamma, epsilon=1e-6):
+    """op-plugin's numpy golden: float32 throughout, ``rstd`` kept with a trailing 1."""
+    x32 = np.asarray(x, dtype=np.float32)
+    variance = np.mean(np.power(x32, 2), axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt(variance + epsilon)
+    return (x32 * rstd * np.asarray(gamma, dtype=np.float32)).astype(x.dtype), rstd
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "gamma_dtype"), [(np.float32, np.float32), (np.float16, np.float32)]
+)
+def test_rms_norm_golden(emulated, x_dtype, gamma_dtype):
+    """``(y, rstd)``: y in the input's dtype (also with float32 gamma), rstd float32 [rows, 1].
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_rms_norm.py (``test_rms_norm`` and
+    ``test_rms_norm_mix_dtype``: uniform(0, 100) input, default epsilon 1e-6).
+    """
+    import torch_npu
+
+    rng = _rng(3)
+    x = rng.uniform(0, 100, [64, 512]).astype(x_dtype)
+    gamma = rng.uniform(0, 100, [512]).astype(gamma_dtype)
+    y, rstd = torch_npu.npu_rms_norm(torch.from_numpy(x), torch.from_numpy(gamma))
+    golden_y, golden_rstd = _rms_golden(x, gamma)
+    assert y.dtype == torch.from_numpy(x).dtype and rstd.dtype == torch.float32
+    assert tuple(rstd.shape) == golden_rstd.shape == (64, 1)
+    tol = 1e-4 if x_dtype == np.float32 else 1e-3
+    np.testing.assert_allclose(y.float().numpy(), golden_y.astype(np.float32), rtol=tol)
+    np.testing.assert_allclose(rstd.numpy(), golden_rstd, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "gamma_shape", "rstd_shape"),
+    [((24, 1, 128), (128,), (24, 1, 1)), ((3, 4, 8), (4, 8), (3, 1, 1)), ((5, 6), (6,), (5, 1))],
+)
+def test_rms_norm_and_add_rms_norm_rstd_shape(emulated, x_shape, gamma_shape, rstd_shape):
+    """rstd keeps the leading ``x.dim() - gamma.dim()`` sizes and 1 elsewhere, for both ops.
+
+    Sources: Ascend/op-plugin op_plugin/python/meta/_meta_registrations.py (``npu_rms_norm_meta``,
+    ``npu_add_rms_norm_meta``) and docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_rms_norm.md
+    (its example: x [24, 1, 128], w [128], ``epsilon=1e-5``).
+    """
+    import torch_npu
+
+    rng = _rng(4)
+    x = torch.from_numpy(rng.standard_normal(x_shape).astype(np.float32))
+    gamma = torch.from_numpy(rng.standard_normal(gamma_shape).astype(np.float32))
+    y, rstd = torch_npu.npu_rms_norm(x, gamma, epsilon=1e-5)
+    assert y.shape == x.shape and tuple(rstd.shape) == rstd_shape
+    dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
+    expected_rstd = 1 / torch.sqrt(x.double().pow(2).mean(dims, keepdim=True) + 1e-5)
+    torch.testing.assert_close(rstd.double(), expected_rstd, rtol=1e-5, atol=1e-6)
+    y2, rstd2, total = torch_npu.npu_add_rms_norm(x, x, gamma)
+    assert y2.shape == total.shape == x.shape and tuple(rstd2.shape) == rstd_shape
+
+
+def _add_rms_golden(x1, x2, gamma, epsilon=1e-6):
+    """op-plugin's numpy golden: the sum in the input dtype, normalised in float32."""
+    x = x1 + x2
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    rstd = 1 / np.sqrt(np.mean(np.power(wide, 2), axis=-1, keepdims=True) + epsilon)
+    return (wide * rstd * gamma).astype(x1.dtype), rstd, x
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float32, 1e-4), (np.float16, 1e-3)])
+def test_add_rms_norm_golden(emulated, dtype, tol):
+    """``(y, rstd, x1 + x2)``; the sum and y in the input dtype, rstd float32 [rows, 1].
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_add_rms_norm.py
+    (``test_add_rms_norm_fp32``/``_fp16``: uniform(0, 100) inputs, epsilon 1e-6, rtol 1e-4/1e-3).
+    """
+    import torch_npu
+
+    rng = _rng(5)
+    x1 = rng.uniform(0, 100, [64, 512]).astype(dtype)
+    x2 = rng.uniform(0, 100, [64, 512]).astype(dtype)
+    gamma = rng.uniform(0, 100, [512]).astype(dtype)
+    y, rstd, total = torch_npu.npu_add_rms_norm(
+        torch.from_numpy(x1), torch.from_numpy(x2), torch.from_numpy(gamma), 1e-6
+    )
+    golden_y, golden_rstd, golden_x = _add_rms_golden(x1, x2, gamma)
+    assert y.dtype == total.dtype == torch.from_numpy(x1).dtype and rstd.dtype == torch.float32
+    assert tuple(rstd.shape) == (64, 1)
+    np.testing.assert_array_equal(total.numpy(), golden_x)
+    np.testing.assert_allclose(y.float().numpy(), golden_y.astype(np.float32), rtol=tol)
+    np.testing.assert_allclose(rstd.numpy(), golden_rstd, rtol=tol)
+
+
+# --- npu_moe_gating_top_k_softmax -------------------------------------------------------
+
+
+def _moe_golden(x, finished, k):
+    """op-plugin's numpy golden: float32 softmax (cast back for float16), stable descending
+    argsort, finished rows routed to expert E, ``row_idx = arange(R*k).reshape(k, R).T``."""
+    experts = x.shape[-1]
+    wide = x.astype(np.float32)
+    exp = np.exp(wide - wide.max(axis=-1, keepdims=True))
+    softmax = (exp / exp.sum(axis=-1, keepdims=True)).astype(x.dtype)
+    expert_idx = np.argsort(-softmax, axis=-1, kind="stable")[:, :k]
+    y = np.take_along_axis(softmax, expert_idx, axis=-1)
+    if finished is not None:
+        expert_idx = np.where(finished[:, None], experts, expert_idx)
+    rows = y.shape[0]
+    row_idx = np.arange(rows * k).reshape(k, rows).T
+    return y, expert_idx.astype(np.int32), row_idx.astype(np.int32)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize(("rows", "k", "experts"), [(10, 2, 200), (43, 5, 64), (12, 9, 9)])
+@pytest.mark.parametrize("finished_kind", ["random", "all", "none"])
+def test_moe_gating_top_k_softmax_golden(emulated, dtype, rows, k, experts, finished_kind):
+    """``(y, expert_idx, row_idx)``: top-k of the softmax, ties to the lower expert index,
+    finished rows get expert index E, int32 indices, row_idx column-major.
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_moe_gating_top_k_softmax.py
+    (uniform(-1, 1) gating logits, float16 and float32, k from 2 to 9; its ``finished`` is
+    ``uniform(-1, 1).astype(bool)``, i.e. all True, the "all" case here).
+    """
+    import torch_npu
+
+    rng = _rng(rows * 100 + k)
+    x = rng.uniform(-1, 1, size=(rows, experts)).astype(dtype)
+    finished = {
+        "random": rng.integers(0, 2, size=(rows,)).astype(bool),
+        "all": rng.uniform(-1, 1, size=(rows,)).astype(bool),
+        "none": None,
+    }[finished_kind]
+    y, expert_idx, row_idx = torch_npu.npu_moe_gating_top_k_softmax(
+        torch.from_numpy(x), None if finished is None else torch.from_numpy(finished), k
+    )
+    golden_y, golden_idx, golden_rows = _moe_golden(x, finished, k)
+    assert y.dtype == torch.from_numpy(x).dtype
+    assert expert_idx.dtype == row_idx.dtype == torch.int32
+    assert y.shape == expert_idx.shape == row_idx.shape == (rows, k)
+    np.testing.assert_allclose(y.float().numpy(), golden_y.astype(np.float32), rtol=1e-3)
+    np.testing.assert_array_equal(expert_idx.numpy(), golden_idx)
+    np.testing.assert_array_equal(row_idx.numpy(), golden_rows)
+
+
+def test_moe_gating_top_k_softmax_ties_and_3d(emulated):
+    """Equal probabilities go to the lower expert index (stable sort); 3-D gating keeps its
+    leading dims and k is 1 by default.
+
+    Sources: Ascend/op-plugin test/test_custom_ops/test_npu_moe_gating_top_k_softmax.py
+    (``np.argsort(-softmax, kind='stable')``), op_plugin/python/meta/_meta_registrations.py
+    (``npu_moe_gating_top_k_softmax_meta``: 2-D or 3-D ``x``, outputs ``[..., k]``) and
+    docs/zh/custom_APIs/torch_npu/torch_npu-npu_moe_gating_top_k_softmax.md (``k=1`` default).
+    """
+    import torch_npu
+
+    flat = torch.zeros(3, 6)
+    _, expert_idx, _ = torch_npu.npu_moe_gating_top_k_softmax(flat, None, 4)
+    assert expert_idx.tolist() == [[0, 1, 2, 3]] * 3
+    x = torch.from_numpy(_rng(6).standard_normal((2, 4, 6)).astype(np.float16))
+    y, expert_idx, row_idx = torch_npu.npu_moe_gating_top_k_softmax(x)
+    assert y.shape == expert_idx.shape == row_idx.shape == (2, 4, 1)
+    assert torch.equal(expert_idx.squeeze(-1), x.float().argmax(-1).to(torch.int32))
+    y, expert_idx, row_idx = torch_npu.npu_moe_gating_top_k_softmax(x, None, 2)
+    golden_y, golden_idx, golden_rows = _moe_golden(x.reshape(8, 6).numpy(), None, 2)
+    np.testing.assert_array_equal(expert_idx.reshape(8, 2).numpy(), golden_idx)
+    np.testing.assert_array_equal(row_idx.reshape(8, 2).numpy(), golden_rows)
+    np.testing.assert_allclose(y.reshape(8, 2).float().numpy(), golden_y, rtol=1e-3)
