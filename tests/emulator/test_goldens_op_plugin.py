@@ -266,3 +266,108 @@ def test_moe_gating_top_k_softmax_ties_and_3d(emulated):
     np.testing.assert_array_equal(expert_idx.reshape(8, 2).numpy(), golden_idx)
     np.testing.assert_array_equal(row_idx.reshape(8, 2).numpy(), golden_rows)
     np.testing.assert_allclose(y.reshape(8, 2).float().numpy(), golden_y, rtol=1e-3)
+
+
+# --- npu_scatter_nd_update (+ in place) --------------------------------------------------
+
+
+def test_scatter_nd_update_golden_leaves_input(emulated):
+    """Element updates at ``(row, col)`` pairs; the out-of-place op leaves ``input`` unchanged.
+
+    Sources: Ascend/op-plugin test/test_custom_ops/test_npu_scatter_nd_update.py (float16
+    zeros [3, 2], indices [[0, 0], [1, 1]], updates [10, 20]) and
+    docs/zh/custom_APIs/torch_npu/torch_npu-npu_scatter_nd_update.md (``input`` unchanged;
+    meta ``scatter_nd_update_meta``: a new tensor like ``input``).
+    """
+    import torch_npu
+
+    var = torch.zeros(3, 2, dtype=torch.float16)
+    indices = torch.tensor([[0, 0], [1, 1]])
+    updates = torch.tensor([10, 20], dtype=torch.float16)
+    golden = var.clone()
+    for i, (row, col) in enumerate(indices.tolist()):
+        golden[row][col] = updates[i]
+    out = torch_npu.npu_scatter_nd_update(var, indices, updates)
+    assert out.dtype == torch.float16 and out.shape == var.shape
+    assert torch.equal(out, golden)
+    assert torch.equal(var, torch.zeros(3, 2, dtype=torch.float16))
+    assert out.data_ptr() != var.data_ptr()
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_scatter_nd_update_slices_and_in_place(emulated, index_dtype):
+    """Indices ``[n, a]`` address the first ``a`` dims; updates are ``indices.shape[:-1] +
+    input.shape[a:]``; int32 or int64 indices; the ``_`` op writes into ``input`` and returns it.
+
+    Sources: Ascend/op-plugin docs/zh/custom_APIs/torch_npu/torch_npu-npu_scatter_nd_update.md
+    and torch_npu-npu_scatter_nd_update_.md (their example: var [24, 128], indices [12, 1]
+    int32, updates [12, 128]; shape rule (4, 5, 6) / (3, 2) -> updates (3, 6)), and
+    op_plugin/python/meta/_meta_registrations.py (``scatter_nd_update__meta`` returns ``self``).
+    """
+    import torch_npu
+
+    rng = _rng(7)
+    var = torch.from_numpy(rng.uniform(0, 1, [24, 128]).astype(np.float16))
+    rows = torch.from_numpy(rng.permutation(24)[:12]).to(index_dtype)
+    updates = torch.from_numpy(rng.uniform(1, 2, [12, 128]).astype(np.float16))
+    golden = var.clone()
+    golden[rows.long()] = updates
+    assert torch.equal(torch_npu.npu_scatter_nd_update(var, rows[:, None], updates), golden)
+
+    cube = torch.from_numpy(rng.standard_normal((4, 5, 6)).astype(np.float32))
+    pairs = torch.tensor([[0, 1], [3, 4], [2, 0]], dtype=index_dtype)
+    rows_of_six = torch.from_numpy(rng.standard_normal((3, 6)).astype(np.float32))
+    golden = cube.clone()
+    for (i, j), update in zip(pairs.tolist(), rows_of_six, strict=True):
+        golden[i, j] = update
+    returned = torch_npu.npu_scatter_nd_update_(cube, pairs, rows_of_six)
+    assert returned is cube or returned.data_ptr() == cube.data_ptr()
+    assert torch.equal(cube, golden)
+
+
+# --- npu_nms_v4 -------------------------------------------------------------------------
+
+
+def test_nms_v4_upstream_call_outputs(emulated):
+    """``(selected_indices int32 [M], valid_outputs int32 0-d)``, M <= max_output_size, valid
+    entries first and in descending score order, scores above ``scores_threshold``.
+
+    Sources: Ascend/op-plugin test/test_base_ops/test_nms_v4.py (its call: boxes uniform(0, 100)
+    [100, 4], scores uniform(0, 1) [100], max_output_size 20, 0-d thresholds 0.5 and 0.3; it
+    checks no values) and docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_nms_v4.md (return
+    types and shapes; its example returns 20 int32 indices and ``tensor(20, dtype=int32)``).
+    """
+    import torch_npu
+
+    rng = _rng(8)
+    boxes = torch.from_numpy(rng.uniform(0, 100, (100, 4)).astype(np.float32))
+    scores = torch.from_numpy(rng.uniform(0, 1, 100).astype(np.float32))
+    iou_threshold, scores_threshold = torch.tensor(0.5), torch.tensor(0.3)
+    selected, valid = torch_npu.npu_nms_v4(boxes, scores, 20, iou_threshold, scores_threshold)
+    assert selected.dtype == valid.dtype == torch.int32
+    assert selected.dim() == 1 and valid.dim() == 0
+    count = int(valid)
+    assert 0 < count <= selected.numel() <= 20
+    kept = selected[:count].long()
+    assert len(set(kept.tolist())) == count
+    assert bool((scores[kept] > 0.3).all())
+    assert torch.equal(scores[kept], scores[kept].sort(descending=True).values)
+    assert int(kept[0]) == int(scores.argmax())
+
+
+def test_nms_v4_pad_to_max_output_size(emulated):
+    """``pad_to_max_output_size=True`` pads ``selected_indices`` to ``max_output_size``;
+    ``valid_outputs`` still counts the valid entries, which come first.
+
+    Source: Ascend/op-plugin docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_nms_v4.md.
+    """
+    import torch_npu
+
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [0.0, 0.0, 10.0, 9.0], [20.0, 20.0, 30.0, 30.0]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    thresholds = torch.tensor(0.5), torch.tensor(0.0)
+    selected, valid = torch_npu.npu_nms_v4(boxes, scores, 8, *thresholds)
+    assert selected.tolist() == [0, 2] and int(valid) == 2
+    padded, valid = torch_npu.npu_nms_v4(boxes, scores, 8, *thresholds, pad_to_max_output_size=True)
+    assert padded.shape == (8,) and padded.dtype == torch.int32 and int(valid) == 2
+    assert padded[:2].tolist() == [0, 2]
