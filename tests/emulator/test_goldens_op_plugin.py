@@ -371,3 +371,123 @@ def test_nms_v4_pad_to_max_output_size(emulated):
     padded, valid = torch_npu.npu_nms_v4(boxes, scores, 8, *thresholds, pad_to_max_output_size=True)
     assert padded.shape == (8,) and padded.dtype == torch.int32 and int(valid) == 2
     assert padded[:2].tolist() == [0, 2]
+
+
+# --- npu_grouped_matmul -----------------------------------------------------------------
+
+
+def _normal(*shape, dtype=torch.float16):
+    return torch.normal(mean=0.0, std=0.1, size=shape).to(dtype)
+
+
+def _matmul_golden(x, w, b=None):
+    """op-plugin's ``single_matmul`` without quantisation: ``x @ w (+ b)``, in float64 here."""
+    y = x.double() @ w.double()
+    return y if b is None else y + b.double()
+
+
+def _assert_gmm_close(actual, expected):
+    assert actual.dtype == torch.float16 and actual.shape == expected.shape
+    torch.testing.assert_close(actual.double(), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_grouped_matmul_lists_per_group(emulated):
+    """Several x, weights and biases (split_item 0, group_type -1): one ``x[i] @ w[i] + b[i]``
+    per group, x of any rank, inputs left unchanged.
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_grouped_matmul.py
+    (``test_npu_grouped_matmul_0`` and ``_0_multi_dim``; shapes scaled down).
+    """
+    import torch_npu
+
+    torch.manual_seed(0)
+    x = [_normal(32, 32), _normal(64, 32), _normal(16, 64), _normal(3, 8, 24)]
+    weight = [_normal(32, 32), _normal(32, 64), _normal(64, 16), _normal(24, 40)]
+    bias = [_normal(32), _normal(64), _normal(16), _normal(40)]
+    originals = [t.clone() for t in x]
+    out = torch_npu.npu_grouped_matmul(x, weight, bias=bias, split_item=0, group_type=-1)
+    assert len(out) == 4
+    for i, result in enumerate(out):
+        _assert_gmm_close(result, _matmul_golden(x[i], weight[i], bias[i]))
+        assert torch.equal(x[i], originals[i])
+    assert out[3].shape == (3, 8, 40)
+
+
+def test_grouped_matmul_lists_concatenated(emulated):
+    """Several x and weights with split_item 2: the per-group results concatenated on dim 0.
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_grouped_matmul.py
+    (``test_npu_grouped_matmul_2``, group_type 0 and no group_list; shapes scaled down).
+    """
+    import torch_npu
+
+    torch.manual_seed(1)
+    x = [_normal(32, 32), _normal(64, 32), _normal(16, 64)]
+    weight = [_normal(32, 24), _normal(32, 24), _normal(64, 24)]
+    bias = [_normal(24), _normal(24), _normal(24)]
+    out = torch_npu.npu_grouped_matmul(x, weight, bias=bias, split_item=2, group_type=0)
+    assert len(out) == 1
+    golden = torch.cat([_matmul_golden(x[i], weight[i], bias[i]) for i in range(3)])
+    _assert_gmm_close(out[0], golden)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_grouped_matmul_split_m_by_cumulative_group_list(emulated, stacked, dtype):
+    """One x split on M at the cumulative ends in ``group_list`` (split_item 3, group_type 0),
+    weights as a list of [K, N] or one [E, K, N], bias as a list or one [E, N]; one result.
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_grouped_matmul.py
+    (``test_npu_grouped_matmul_1``, ``_3``, ``_4``, ``_7``, ``_8``, ``_9``; shapes scaled down).
+    """
+    import torch_npu
+
+    torch.manual_seed(2)
+    ends = [16, 80, 112]
+    x = _normal(112, 32, dtype=dtype)
+    weights = _normal(3, 32, 24, dtype=dtype)
+    biases = _normal(3, 24, dtype=dtype)
+    weight = [weights] if stacked else list(weights.unbind())
+    bias = [biases] if stacked else list(biases.unbind())
+    out = torch_npu.npu_grouped_matmul(
+        [x], weight, bias=bias, group_list=torch.tensor(ends), split_item=3, group_type=0
+    )
+    starts = [0, *ends[:-1]]
+    golden = torch.cat(
+        [
+            _matmul_golden(x[s:e], weights[i], biases[i])
+            for i, (s, e) in enumerate(zip(starts, ends, strict=True))
+        ]
+    )
+    assert len(out) == 1 and out[0].dtype == dtype and out[0].shape == (112, 24)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out[0].double(), golden, rtol=tol, atol=tol)
+
+
+def test_grouped_matmul_split_k(emulated):
+    """group_type 2 (split K): ``x.T`` [K, M] and ``weight`` [M, N] split on M at the cumulative
+    ends, one ``[E, K, N]`` result stacking ``x.T[:, group] @ weight[group]``.
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_grouped_matmul.py
+    (``test_npu_grouped_matmul_6``: a non-contiguous ``x1.T``, group sizes [256, 256, 512, 768]
+    passed as their cumsum; shapes scaled down).
+    """
+    import torch_npu
+
+    torch.manual_seed(3)
+    sizes = [8, 8, 16, 24]
+    x1 = _normal(56, 32)
+    weight = _normal(56, 16)
+    group_list = torch.cumsum(torch.tensor(sizes), dim=0)
+    out = torch_npu.npu_grouped_matmul(
+        [x1.T], [weight], group_list=group_list, split_item=3, group_type=2
+    )
+    golden = torch.stack(
+        [
+            _matmul_golden(xs, ws)
+            for xs, ws in zip(x1.T.split(sizes, dim=1), weight.split(sizes), strict=True)
+        ]
+    )
+    assert len(out) == 1
+    _assert_gmm_close(out[0], golden)
+    assert out[0].shape == (4, 32, 16)

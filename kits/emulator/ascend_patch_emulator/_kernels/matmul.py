@@ -144,7 +144,13 @@ def _grouped_matmul(
         )
     dtype = x[0].dtype
     wide = compute_dtype(x[0])
-    if group_type is None or group_type == -1:
+    # Several x with no group_list are already split on M, one group each, under group_type 0
+    # too (op-plugin's test_npu_grouped_matmul_2: three x, split_item 2, group_type 0).
+    if (
+        group_type is None
+        or group_type == -1
+        or (group_type == 0 and len(x) > 1 and group_list is None)
+    ):
         weights = _per_group(weight, len(x), "weight", 2)
         biases = _per_group(bias, len(x), "bias", 1)
         pieces = [xi.to(wide) @ wi.to(wide) for xi, wi in zip(x, weights, strict=True)]
