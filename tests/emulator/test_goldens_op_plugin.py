@@ -491,3 +491,173 @@ def test_grouped_matmul_split_k(emulated):
     assert len(out) == 1
     _assert_gmm_close(out[0], golden)
     assert out[0].shape == (4, 32, 16)
+
+
+# --- npu_fusion_attention ---------------------------------------------------------------
+
+
+def _attention_golden(q, k, v, scale):
+    """op-plugin's golden on BNSD: float32 softmax of ``scale * q @ k^T``, times ``v``; also the
+    row max and the row sum of ``exp(s - max)`` it records for the softmax outputs."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    row_max = scores.amax(-1, keepdim=True)
+    row_sum = (scores - row_max).exp().sum(-1, keepdim=True)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    return torch.matmul(probs, v.float()), row_max, row_sum
+
+
+def test_fusion_attention_bsh_golden(emulated):
+    """BSH: ``softmax(scale * q k^T) v`` in float32, returned in float16; seven returns with
+    ``softmax_max``/``softmax_sum`` float32 ``[B, N, S1, 8]`` and an empty ``softmax_out``.
+
+    Sources: Ascend/op-plugin test/test_custom_ops/test_npu_flash_attention.py
+    (``test_npu_flash_attention``: float16 BNSD randn moved to BSH, ``scale=0.08838``; shapes
+    scaled down) and op_plugin/python/meta/_meta_registrations.py
+    (``npu_fusion_attention_forward``: output and softmax shapes).
+    """
+    import torch_npu
+
+    torch.manual_seed(0)
+    batch, heads, seq, dim = 1, 4, 64, 32
+    q, k, v = (torch.randn(batch, heads, seq, dim, dtype=torch.float16) for _ in range(3))
+
+    def to_bsh(t):
+        return t.transpose(1, 2).reshape(batch, seq, heads * dim)
+
+    result = torch_npu.npu_fusion_attention(
+        to_bsh(q), to_bsh(k), to_bsh(v), heads, "BSH", scale=0.08838
+    )
+    assert len(result) == 7
+    out, softmax_max, softmax_sum, softmax_out = result[:4]
+    golden, row_max, row_sum = _attention_golden(q, k, v, 0.08838)
+    assert out.dtype == torch.float16 and out.shape == (batch, seq, heads * dim)
+    torch.testing.assert_close(out, to_bsh(golden.half()), rtol=2e-3, atol=2e-3)
+    assert softmax_max.dtype == softmax_sum.dtype == torch.float32
+    assert softmax_max.shape == softmax_sum.shape == (batch, heads, seq, 8)
+    torch.testing.assert_close(softmax_max, row_max.expand(-1, -1, -1, 8), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(softmax_sum, row_sum.expand(-1, -1, -1, 8), rtol=1e-4, atol=1e-4)
+    assert softmax_out.numel() == 0
+
+
+def _tnd_golden(q, k, v, dy, q_lens, kv_lens, scale):
+    """Per sequence, GQA heads repeated; returns out, max and sum ``[T, N1, 8]``, dq, dk, dv."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    pieces = {name: [] for name in ("out", "max", "sum", "dq", "dk", "dv")}
+    q_start = kv_start = 0
+    for q_len, kv_len in zip(q_lens, kv_lens, strict=True):
+        qi = q[q_start : q_start + q_len].float().permute(1, 0, 2).requires_grad_()
+        ki = k[kv_start : kv_start + kv_len].float().permute(1, 0, 2).requires_grad_()
+        vi = v[kv_start : kv_start + kv_len].float().permute(1, 0, 2).requires_grad_()
+        repeat = heads // kv_heads
+        out, row_max, row_sum = _attention_golden(
+            qi, ki.repeat_interleave(repeat, 0), vi.repeat_interleave(repeat, 0), scale
+        )
+        out.backward(dy[q_start : q_start + q_len].float().permute(1, 0, 2))
+        pieces["out"].append(out.detach().permute(1, 0, 2))
+        pieces["max"].append(row_max.detach().permute(1, 0, 2).expand(-1, -1, 8))
+        pieces["sum"].append(row_sum.detach().permute(1, 0, 2).expand(-1, -1, 8))
+        for name, leaf in (("dq", qi), ("dk", ki), ("dv", vi)):
+            pieces[name].append(leaf.grad.permute(1, 0, 2))
+        q_start, kv_start = q_start + q_len, kv_start + kv_len
+    return {name: torch.cat(parts) for name, parts in pieces.items()}
+
+
+def test_fusion_attention_tnd_gqa_golden_and_backward(emulated):
+    """TND (varlen, cumulative ``actual_seq_qlen``/``actual_seq_kvlen``) with 8 query heads
+    over 2 key/value heads: output, ``softmax_layout="TND"`` max and sum ``[T, N, 8]``, and
+    the gradients of q, k, v (k, v summed over the heads sharing them).
+
+    Source: Ascend/op-plugin test/test_custom_ops/test_npu_flash_attention.py
+    (``test_npu_flash_attention_tnd``: q lengths [1, 2, 3], kv lengths [3, 4, 5], N1 8, N2 2,
+    ``scale = 1 / sqrt(D)``, float16 inputs, float32 golden; D scaled down from 128).
+    """
+    import torch_npu
+
+    torch.manual_seed(1)
+    heads, kv_heads, dim = 8, 2, 16
+    q_lens, kv_lens = [1, 2, 3], [3, 4, 5]
+    scale = 1 / dim**0.5
+
+    def sample(tokens, n):
+        return (2 * (torch.rand(tokens, n, dim) - 0.5)).half()
+
+    q, k, v = sample(6, heads), sample(12, kv_heads), sample(12, kv_heads)
+    dy = sample(6, heads)
+    golden = _tnd_golden(q, k, v, dy, q_lens, kv_lens, scale)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, softmax_max, softmax_sum = torch_npu.npu_fusion_attention(
+        *leaves,
+        heads,
+        "TND",
+        scale=scale,
+        actual_seq_qlen=tuple(np.cumsum(q_lens).tolist()),
+        actual_seq_kvlen=tuple(np.cumsum(kv_lens).tolist()),
+        softmax_layout="TND",
+    )[:3]
+    assert out.shape == (6, heads, dim) and softmax_max.shape == softmax_sum.shape == (6, heads, 8)
+    torch.testing.assert_close(out.float(), golden["out"], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(softmax_max, golden["max"], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(softmax_sum, golden["sum"], rtol=1e-3, atol=1e-3)
+    out.backward(dy)
+    for leaf, name in zip(leaves, ("dq", "dk", "dv"), strict=True):
+        assert leaf.grad.shape == leaf.shape and leaf.grad.dtype == torch.float16
+        torch.testing.assert_close(leaf.grad.float(), golden[name], rtol=5e-3, atol=5e-3)
+
+    default_layout = torch_npu.npu_fusion_attention(
+        q,
+        k,
+        v,
+        heads,
+        "TND",
+        scale=scale,
+        actual_seq_qlen=tuple(np.cumsum(q_lens).tolist()),
+        actual_seq_kvlen=tuple(np.cumsum(kv_lens).tolist()),
+    )
+    # The API page: without softmax_layout the softmax outputs are laid out N, T, 8.
+    torch.testing.assert_close(default_layout[1], softmax_max.detach().transpose(0, 1))
+
+
+def test_fusion_attention_without_dropout_mask_shapes(emulated):
+    """keep_prob 1 and no dropout mask: ``attention_score`` has the query's shape and the
+    softmax outputs lead with ``[B, N]``; ``scale`` defaults to 1.
+
+    Sources: Ascend/op-plugin test/test_custom_ops/test_npu_flash_attention.py
+    (``test_npu_flash_attention_without_dropout_mask``) and
+    docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md (``scale`` default 1).
+    """
+    import torch_npu
+
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 16, 4 * 8) for _ in range(3))
+    score, softmax_max, softmax_sum = torch_npu.npu_fusion_attention(q, k, v, 4, "BSH")[:3]
+    assert score.shape == q.shape
+    assert softmax_max.shape[:2] == softmax_sum.shape[:2] == (2, 4)
+    bnsd = [t.view(2, 16, 4, 8).transpose(1, 2) for t in (q, k, v)]
+    golden = _attention_golden(*bnsd, 1.0)[0].transpose(1, 2).reshape(2, 16, 32)
+    torch.testing.assert_close(score, golden, rtol=1e-5, atol=1e-5)
+
+
+def test_fusion_attention_tnd_trailing_zero_batches(emulated):
+    """TND: trailing 0s in ``actual_seq_qlen``/``actual_seq_kvlen`` mark batches that take no
+    part, so ``[2, 5, 9, 0, 0]`` computes what ``[2, 5, 9]`` does, gradients included.
+
+    Source: Ascend/op-plugin docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md
+    (its constraint on TND: real lengths [2, 3, 4, 5, 6] with the last two batches left out
+    are passed as ``[2, 5, 9, 0, 0]``).
+    """
+    import torch_npu
+
+    results = []
+    for ends in ((2, 5, 9, 0, 0), (2, 5, 9)):
+        leaves = [
+            torch.randn(9, 2, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)
+        ]
+        for leaf in leaves:
+            leaf.requires_grad_()
+        out = torch_npu.npu_fusion_attention(
+            *leaves, 2, "TND", actual_seq_qlen=ends, actual_seq_kvlen=ends, softmax_layout="TND"
+        )
+        out[0].sum().backward()
+        results.append((out[0], out[1], *(leaf.grad for leaf in leaves)))
+    for padded, plain in zip(*results, strict=True):
+        torch.testing.assert_close(padded, plain)

@@ -4,7 +4,8 @@ Formula (op docs): ``out = Dropout(Softmax(Mask(q @ kᵀ * scale + pse)), keep_p
 per head, with these torch_npu conventions, all checked here:
 
 * layouts ``BSH``, ``SBH``, ``BSND``, ``BNSD`` and ``TND`` (variable length, with
-  ``actual_seq_qlen``/``actual_seq_kvlen`` as cumulative ends without a leading 0);
+  ``actual_seq_qlen``/``actual_seq_kvlen`` as cumulative ends without a leading 0,
+  trailing 0s for batches that take no part);
 * ``atten_mask`` is bool/uint8 with **True = masked out** (the opposite of SDPA);
 * ``scale`` defaults to 1.0, not ``1/sqrt(D)``;
 * GQA: ``head_num`` query heads share ``Nkv`` key/value heads, query head ``h``
@@ -190,6 +191,10 @@ def _stats(value: Any) -> Any:
 def _cumulative(name: str, ends: Sequence[int] | None, total: int) -> list[tuple[int, int]]:
     if ends is None:
         raise _fail(f"TND needs {name} (cumulative sequence ends, e.g. [2, 4, 6])")
+    ends = list(ends)
+    # The op's API page: trailing 0s mark batches that take no part ([2, 5, 9, 0, 0]).
+    while len(ends) > 1 and ends[-1] == 0:
+        ends.pop()
     spans, start = [], 0
     for end in ends:
         if end < start or end > total:
