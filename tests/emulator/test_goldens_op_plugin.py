@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 def _rng(seed):
@@ -414,10 +415,13 @@ def test_grouped_matmul_lists_per_group(emulated):
 
 
 def test_grouped_matmul_lists_concatenated(emulated):
-    """Several x and weights with split_item 2: the per-group results concatenated on dim 0.
+    """Several x and weights with split_item 2: the per-group results concatenated on dim 0,
+    also in fake mode.
 
-    Source: Ascend/op-plugin test/test_custom_ops/test_npu_grouped_matmul.py
-    (``test_npu_grouped_matmul_2``, group_type 0 and no group_list; shapes scaled down).
+    Sources: Ascend/op-plugin test/test_custom_ops/test_npu_grouped_matmul.py
+    (``test_npu_grouped_matmul_2``, group_type 0 and no group_list; shapes scaled down) and
+    op_plugin/python/meta/_meta_registrations.py (``npu_grouped_matmul_meta``: the rows of
+    every x summed).
     """
     import torch_npu
 
@@ -429,6 +433,10 @@ def test_grouped_matmul_lists_concatenated(emulated):
     assert len(out) == 1
     golden = torch.cat([_matmul_golden(x[i], weight[i], bias[i]) for i in range(3)])
     _assert_gmm_close(out[0], golden)
+    with FakeTensorMode() as fake_mode:
+        fakes = [fake_mode.from_tensor(t) for t in (*x, *weight)]
+        traced = torch_npu.npu_grouped_matmul(fakes[:3], fakes[3:], split_item=2, group_type=0)
+    assert [tuple(t.shape) for t in traced] == [(112, 24)]
 
 
 @pytest.mark.parametrize("stacked", [False, True])

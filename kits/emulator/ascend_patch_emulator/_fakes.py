@@ -190,7 +190,9 @@ def _grouped_matmul(args: Mapping[str, Any]) -> Any:
         torch._check(group_list is not None, lambda: "group_type 2 needs group_list")
         groups = group_list.shape[0] if isinstance(group_list, torch.Tensor) else len(group_list)
         return [_empty(x[0], [groups, x[0].shape[0], columns(0)], dtype)]
-    if group_type == 0:
+    # Several x with no group_list are one group each, as under group_type -1 (op-plugin's meta
+    # sums their rows for split_item 2/3).
+    if group_type == 0 and not (len(x) > 1 and args.get("group_list") is None):
         rows = _group_sizes(args.get("group_list"), args.get("group_list_type"))
         if split_item in (2, 3):
             return [_empty(x[0], [x[0].shape[0], columns(0)], dtype)]
