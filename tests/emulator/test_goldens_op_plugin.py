@@ -161,6 +161,25 @@ def test_rms_norm_and_add_rms_norm_rstd_shape(emulated, x_shape, gamma_shape, rs
     assert y2.shape == total.shape == x.shape and tuple(rstd2.shape) == rstd_shape
 
 
+def test_rms_norm_empty_and_non_contiguous(emulated):
+    """Empty and non-contiguous inputs are accepted; y keeps the input's shape and dtype.
+
+    Source: Ascend/op-plugin docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_rms_norm.md
+    (``self`` and ``gamma``: non-contiguous and empty tensors supported).
+    """
+    import torch_npu
+
+    gamma = torch.ones(8)
+    y, rstd = torch_npu.npu_rms_norm(torch.empty(0, 8), gamma)
+    assert y.shape == (0, 8) and tuple(rstd.shape) == (0, 1)
+    x = torch.from_numpy(_rng(9).standard_normal((8, 6)).astype(np.float32)).T
+    assert not x.is_contiguous()
+    y, rstd = torch_npu.npu_rms_norm(x, gamma)
+    golden_y, golden_rstd = _rms_golden(x.contiguous().numpy(), gamma.numpy())
+    np.testing.assert_allclose(y.numpy(), golden_y, rtol=1e-5)
+    np.testing.assert_allclose(rstd.numpy(), golden_rstd, rtol=1e-5)
+
+
 def _add_rms_golden(x1, x2, gamma, epsilon=1e-6):
     """op-plugin's numpy golden: the sum in the input dtype, normalised in float32."""
     x = x1 + x2
