@@ -118,6 +118,21 @@ def test_grouped_matmul_fake_several_weights_group_type_minus_one(emulated):
     assert [t.shape for t in real] == [t.shape for t in out]
 
 
+@pytest.mark.parametrize("split_item", [0, 1])
+def test_grouped_matmul_one_x_split_by_group_list_under_group_type_minus_one(emulated, split_item):
+    """One x, several weights and a cumulative group_list under group_type -1: op-plugin sizes
+    one output per group from group_list (its eager op and meta kernel), so x's rows are split."""
+    x = _t(9, 4, dtype=torch.float64)
+    w = [_t(4, n, seed=s, dtype=torch.float64) for s, n in ((1, 3), (2, 5), (3, 2))]
+    b = [_t(n, seed=s, dtype=torch.float64) for s, n in ((4, 3), (5, 5), (6, 2))]
+    kwargs = {"bias": b, "group_list": [2, 6, 9], "split_item": split_item, "group_type": -1}
+    real = torch.ops.npu.npu_grouped_matmul([x], w, **kwargs)
+    for out, (start, end), wi, bi in zip(real, [(0, 2), (2, 6), (6, 9)], w, b, strict=True):
+        torch.testing.assert_close(out, x[start:end] @ wi + bi)
+    fake = _fake_call(torch.ops.npu.npu_grouped_matmul, ([x], w), kwargs)
+    assert [tuple(t.shape) for t in fake] == [(2, 3), (4, 5), (3, 2)]
+
+
 def test_grouped_matmul_fake_list_of_x_split_item_2(emulated):
     x = [_t(3, 4), _t(5, 4, seed=1)]
     w = [_t(4, 6, seed=3), _t(4, 6, seed=4)]

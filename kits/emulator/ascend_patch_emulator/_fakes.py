@@ -191,7 +191,10 @@ def _grouped_matmul(args: Mapping[str, Any]) -> Any:
         groups = group_list.shape[0] if isinstance(group_list, torch.Tensor) else len(group_list)
         return [_empty(x[0], [groups, x[0].shape[0], columns(0)], dtype)]
     # Several x with no group_list are one group each, as under group_type -1 (op-plugin's meta
-    # sums their rows for split_item 2/3).
+    # sums their rows for split_item 2/3); one x with a group_list is split on M by it under
+    # group_type -1 too (op-plugin's meta reads group_list whatever group_type).
+    if group_type == -1 and len(x) == 1 and args.get("group_list") is not None:
+        group_type = 0
     if group_type == 0 and not (len(x) > 1 and args.get("group_list") is None):
         rows = _group_sizes(args.get("group_list"), args.get("group_list_type"))
         if split_item in (2, 3):

@@ -8,6 +8,8 @@ schema but does not change the result.
 ``npu_grouped_matmul`` computes ``y_i = act(x_i @ w_i + bias_i)`` per group:
 
 * ``group_type`` None or -1: ``x``, ``weight`` (and ``bias``) are lists of equal length;
+  one ``x`` with a ``group_list`` is split on M as under ``group_type`` 0 (op-plugin sizes
+  those outputs from ``group_list`` whatever ``group_type``);
 * ``group_type`` 0 (split M): ``x`` is one ``[M, K]`` tensor whose rows are split by
   ``group_list`` (cumulative ends with ``group_list_type`` 0, counts with 1);
   ``weight`` is a list of ``[K, N]`` or one ``[E, K, N]`` tensor;
@@ -145,7 +147,12 @@ def _grouped_matmul(
     dtype = x[0].dtype
     wide = compute_dtype(x[0])
     # Several x with no group_list are already split on M, one group each, under group_type 0
-    # too (op-plugin's test_npu_grouped_matmul_2: three x, split_item 2, group_type 0).
+    # too (op-plugin's test_npu_grouped_matmul_2: three x, split_item 2, group_type 0). One x
+    # with a group_list is split on M by it under group_type -1/None too: op-plugin sizes
+    # those outputs from group_list whatever group_type (its eager op and meta kernel).
+    one_x_split_by_list = len(x) == 1 and group_list is not None
+    if group_type in (None, -1) and one_x_split_by_list:
+        group_type = 0
     if (
         group_type is None
         or group_type == -1
