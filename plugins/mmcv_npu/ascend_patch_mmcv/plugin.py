@@ -1,11 +1,18 @@
-"""Will patch OpenMMLab (mmcv, mmengine) CUDA ops and runners. Hook implementations only."""
+"""The plugin's entry point (``[project.entry-points.ascend_patch]``). Hook implementations only.
+
+``apply()`` imports this module in every program, so it imports nothing heavy: the
+groups live in :mod:`ascend_patch_mmcv.groups`, which imports no patch family.
+"""
 
 from __future__ import annotations
 
+from ascend_patch_core import Patch
 from ascend_patch_core import hookimpl
+
+from . import groups
 
 
 @hookimpl
-def register_patches() -> list[object]:
-    # Patches arrive with the plugin's own issue; an empty list keeps the plugin discoverable.
-    return []
+def register_patches() -> list[type[Patch]]:
+    """Every group of the plugin; the core checks each group's ``requires`` before building it."""
+    return [groups.MmengineCheckpointNumpy]

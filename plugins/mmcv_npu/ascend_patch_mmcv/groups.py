@@ -1,0 +1,36 @@
+"""Every patch group of the plugin: its name, requirements and documentation.
+
+``apply()`` imports this module; it imports no patch family. A group's
+``patches()`` imports its family module only when the core builds the group, which it
+does only once the group's ``requires`` hold (checked from metadata, before any
+import) and, for an opt-in group, once it is enabled (``ASCEND_PATCH_ENABLE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import Patch
+
+
+__all__ = ["MmengineCheckpointNumpy"]
+
+
+class MmengineCheckpointNumpy(Patch):
+    """mmengine ``load_checkpoint`` under torch >= 2.6: allow the numpy globals of ``meta``.
+
+    ``weights_only`` loading stays on; exactly the numpy array/scalar/dtype globals are
+    allowed, only during mmengine's loader call (see :mod:`ascend_patch_mmcv.checkpoint`).
+    """
+
+    # torch >= 2.6: where weights_only became the default. mmengine 0.10.x: the loader
+    # this wraps (CheckpointLoader.load_checkpoint); tested with 0.10.7.
+    requires = ("torch>=2.6", "mmengine>=0.10,<0.11")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .checkpoint import checkpoint_numpy_patches
+
+        return checkpoint_numpy_patches(options)
