@@ -15,7 +15,7 @@ from ascend_patch_core import AtomicPatch
 from ascend_patch_core import Patch
 
 
-__all__ = ["MmengineCheckpointNumpy"]
+__all__ = ["CollectionsCompat", "MmengineCheckpointNumpy"]
 
 
 class MmengineCheckpointNumpy(Patch):
@@ -34,3 +34,21 @@ class MmengineCheckpointNumpy(Patch):
         from .checkpoint import checkpoint_numpy_patches
 
         return checkpoint_numpy_patches(options)
+
+
+class CollectionsCompat(Patch):
+    """``collections.Mapping``, ``collections.Sequence``, ... (removed in Python 3.10) for old code.
+
+    Opt-in: it adds names to a standard-library module for every module of the process,
+    and code that tests ``hasattr(collections, "Mapping")`` to detect an old Python would
+    take its old-Python path. OpenMMLab 2.x does not need it; enable it by name for code
+    that does (``ASCEND_PATCH_ENABLE=CollectionsCompat``).
+    """
+
+    opt_in = True
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .collections_compat import collections_alias_patches
+
+        return collections_alias_patches(options)
