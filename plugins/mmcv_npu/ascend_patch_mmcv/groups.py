@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
+from ascend_patch_core import ModuleHook
 from ascend_patch_core import Patch
 
 
-__all__ = ["CollectionsCompat", "MmengineCheckpointNumpy"]
+__all__ = ["CollectionsCompat", "MmcvVersionCheck", "MmengineCheckpointNumpy"]
 
 
 class MmengineCheckpointNumpy(Patch):
@@ -52,3 +53,20 @@ class CollectionsCompat(Patch):
         from .collections_compat import collections_alias_patches
 
         return collections_alias_patches(options)
+
+
+class MmcvVersionCheck(Patch):
+    """mmdet / mmdet3d import under the NPU stack's mmcv despite their mmcv version assertion.
+
+    Only their own import sees a compatible ``mmcv.__version__`` (a view of the real
+    module, within the same major line); ``mmcv.__version__`` itself never changes
+    (see :mod:`ascend_patch_mmcv.mmcv_version`).
+    """
+
+    requires = ("mmcv | mmcv-full | mmcv-lite", "mmdet>=2.0,<4 | mmdet3d>=1.0.0rc0,<2")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
+        from .mmcv_version import mmcv_version_patches
+
+        return mmcv_version_patches(options)

@@ -15,4 +15,4 @@ from . import groups
 @hookimpl
 def register_patches() -> list[type[Patch]]:
     """Every group of the plugin; the core checks each group's ``requires`` before building it."""
-    return [groups.MmengineCheckpointNumpy, groups.CollectionsCompat]
+    return [groups.MmengineCheckpointNumpy, groups.MmcvVersionCheck, groups.CollectionsCompat]
