@@ -241,6 +241,10 @@ def test_deactivate_restores_the_process():
     assert not torch.accelerator.is_available()
     with pytest.raises(AttributeError, match="not active"):
         torch.npu.Stream  # noqa: B018
+    # torch.manual_seed seeds the npu device module too: quietly, with no device to seed.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.manual_seed(0)
     with pytest.raises(AttributeError, match="only while active"):
         torch.ops.npu.npu_rms_norm  # noqa: B018
     # Op objects kept from the active time fail cleanly instead of crashing.

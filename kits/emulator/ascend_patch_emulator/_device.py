@@ -353,10 +353,17 @@ def make_inactive(module: types.ModuleType) -> None:
             f"(ascend_patch_emulator.activate() turns it on)"
         )
 
+    def no_seed(seed: int) -> None:
+        """Nothing to seed without a device (torch.cuda's seeding without CUDA does the same)."""
+
     for name in ("is_available", "is_initialized", "_is_in_bad_fork"):
         setattr(module, name, no_device)
     for name in ("device_count", "current_device"):
         setattr(module, name, zero)
+    # torch.manual_seed seeds the PrivateUse1 device module through these two, and warns
+    # on every call when either is missing.
+    for name in ("manual_seed", "manual_seed_all"):
+        setattr(module, name, no_seed)
     module.__getattr__ = missing  # type: ignore[method-assign]
 
 
