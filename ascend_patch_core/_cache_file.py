@@ -21,6 +21,8 @@ __all__ = ["MAX_BYTES", "open_private", "prepare_directory", "untrusted", "write
 #: Larger than any honest cache by far (a few kB to a few hundred kB): not read.
 MAX_BYTES = 16 * 1024 * 1024
 _LOOSE = stat.S_IWGRP | stat.S_IWOTH
+#: Fresh random names tried for a temporary file before giving up.
+_TEMP_ATTEMPTS = 8
 
 
 def _uid() -> int | None:
@@ -114,12 +116,25 @@ def open_private(path: str, *, ours: bool) -> tuple[BinaryIO | None, str | None,
     return os.fdopen(fd, "rb"), None, None
 
 
-def write_private(path: str, data: bytes) -> None:
-    """Atomically replace ``path`` with a 0600 file holding ``data``. Raises OSError."""
-    # Unique even across hosts sharing a home directory.
-    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+def write_private(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Atomically replace ``path`` with a file holding ``data``. Raises OSError.
+
+    The temporary file has a random name, created with ``O_EXCL | O_NOFOLLOW``: nobody
+    can plant it (or a link at it) in a shared directory. ``mode`` is its creation
+    mode, which the umask may narrow: 0600 for the cache, 0666 for a run report.
+    """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    for attempt in range(_TEMP_ATTEMPTS):
+        # Unique even across hosts sharing a home directory.
+        tmp = f"{path}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
+        try:
+            fd = os.open(tmp, flags, mode)
+        except FileExistsError:
+            if attempt == _TEMP_ATTEMPTS - 1:
+                raise
+            continue
+        break
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

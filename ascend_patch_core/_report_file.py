@@ -24,11 +24,10 @@ import stat
 import sys
 from typing import Any
 
+from ._cache_file import write_private
+
 
 __all__ = ["write_json"]
-
-#: Random temporary names to try before giving up (a clash is an attack or a miracle).
-_ATTEMPTS = 8
 
 
 def write_json(path: str, data: dict[str, Any], *, create_directory: bool = True) -> None:
@@ -42,7 +41,7 @@ def write_json(path: str, data: dict[str, Any], *, create_directory: bool = True
         return
     if create_directory:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    _replace(path, payload)
+    write_private(path, payload, mode=0o666)  # a report, not a secret: the umask's mode
 
 
 def _target(path: str) -> os.stat_result | None:
@@ -51,28 +50,6 @@ def _target(path: str) -> os.stat_result | None:
         return os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-
-
-def _replace(path: str, payload: bytes) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_CLOEXEC", 0)
-    for attempt in range(_ATTEMPTS):
-        tmp = f"{path}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
-        try:
-            fd = os.open(tmp, flags, 0o666)
-        except FileExistsError:
-            if attempt == _ATTEMPTS - 1:
-                raise
-            continue
-        break
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def _to_own_stream(target: os.stat_result, payload: bytes) -> bool:
