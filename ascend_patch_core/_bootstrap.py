@@ -27,6 +27,8 @@ import sys
 from typing import Any
 from typing import NamedTuple
 
+from ._env_flags import FALSE_WORDS
+from ._env_flags import TRUE_WORDS
 from ._hub import remove_finder
 
 
@@ -64,8 +66,9 @@ EMULATOR_GROUP = "ascend_patch.emulator"
 #: How the core's strict-mode errors begin (``PatchError`` messages).
 _STRICT_PREFIX = "ascend-patch (strict): "
 
-_ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
+# The words of every other on/off ASCEND_PATCH_* switch; an empty ASCEND_PATCH_RUN is off.
+_ON = TRUE_WORDS
+_OFF = ("", *FALSE_WORDS)
 
 
 class StartError(Exception):
