@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 from typing import TypeGuard
 
+from ._fingerprint import METADATA_SUFFIXES
+
 
 __all__ = [
     "ROW_FIELDS",
@@ -65,8 +67,6 @@ def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-#: What a directory listing may name: metadata the scan keeps (see _fingerprint).
-_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 #: Listing names that stand for no directory entry: a zip or egg file on sys.path
 #: (itself), and a directory that could not be read.
 _SPECIAL_NAMES = frozenset({"", "-"})
@@ -81,7 +81,7 @@ def metadata_name(name: object) -> bool:
     """
     return (
         isinstance(name, str)
-        and name.endswith(_METADATA_SUFFIXES)
+        and name.endswith(METADATA_SUFFIXES)
         and name not in (".", "..")
         and os.sep not in name
         and (os.altsep is None or os.altsep not in name)

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 
-__all__ = ["fingerprint"]
+__all__ = ["METADATA_SUFFIXES", "fingerprint"]
 
 #: Directory times this close to now (ns) are re-listed on the next check.
 _RACY_NS = 2_000_000_000
 # Directories and files that carry a distribution's metadata (entry points, version).
-_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 # Written in place by `setup.py develop` / legacy editable installs: re-checked each time.
 _IN_PLACE_SUFFIXES = (".egg-info", ".egg-link")
 
@@ -85,7 +85,7 @@ def _listing(path: str, st: os.stat_result) -> list[list[Any]]:
             found = [
                 [e.name, e.stat().st_mtime_ns]
                 for e in entries
-                if e.name.endswith(_METADATA_SUFFIXES)
+                if e.name.endswith(METADATA_SUFFIXES)
             ]
     except OSError:
         return [["-", 0]]  # unreadable: a listing of its own, so a later read differs
