@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import timeit
 from pathlib import Path
 
 import pytest
@@ -387,26 +386,24 @@ def test_counting_leaves_classes_uncounted_and_unwrapped(make_package) -> None:
         patcher.revert()
 
 
-def test_counting_cost_is_one_call(make_package) -> None:
-    """Counting on costs about one extra Python call per call; off it costs nothing."""
+def test_counting_off_puts_nothing_on_the_call_path(make_package) -> None:
+    """Counting off: the installed object is the replacement itself; on: a wrapper that counts.
+
+    (What counting costs per call is a benchmark figure, docs/core.md: no timing here.)"""
     pkg = _counting_package(make_package)
 
     def replacement(x: object) -> object:
         return x
 
     core = __import__(f"{pkg}.core", fromlist=["f"])
-    timings = {}
     for on in (False, True):
         patcher = Patcher(count_calls=on).add(AtomicPatch(f"{pkg}.core.f", replacement))
         patcher.apply()
         try:
-            f = core.f
-            timings[on] = min(timeit.repeat(lambda f=f: f(1), number=20_000, repeat=5))
+            assert (core.f is replacement) is (not on)
+            assert core.f(7) == 7
         finally:
             patcher.revert()
-    bare = min(timeit.repeat(lambda: replacement(1), number=20_000, repeat=5))
-    assert timings[False] < bare * 1.5 + 1e-4
-    assert timings[True] < timings[False] * 6 + 1e-3  # generous: a shared 2-CPU machine
 
 
 def test_count_calls_under_run(tmp_path: Path, site: Path) -> None:
