@@ -74,6 +74,7 @@ class DeclaredPatch(Value):
         "library",
         "library_installed",
         "name",
+        "note",
         "plugin",
         "requirements",
         "target",
@@ -94,6 +95,7 @@ class DeclaredPatch(Value):
         library: str,
         library_installed: bool,
         verdict: str | None = None,
+        note: str | None = None,
     ) -> None:
         self.plugin = plugin
         #: "patch", "hook" (ModuleHook) or "legacy".
@@ -111,6 +113,8 @@ class DeclaredPatch(Value):
         #: Why the plan would not apply it besides requirements (disabled, opt-in, a
         #: broken ``after=``), or None.
         self.verdict = verdict
+        #: The patch's ``note`` (how it works, e.g. ``kernel: mx_driving``), or None.
+        self.note = note
 
     @property
     def applicable(self) -> bool:
@@ -163,6 +167,8 @@ class PluginInfo:
         self.errors: list[str] = []
         #: Group names with their ``conflicts_with``.
         self.groups: dict[str, tuple[str, ...]] = {}
+        #: Group names with their ``opt_in`` and ``requires``, in declaration order.
+        self.group_facts: dict[str, tuple[bool, tuple[str, ...]]] = {}
 
 
 class Inventory:
@@ -252,6 +258,7 @@ def _patch_of(entry: Entry, installed: _Installed) -> DeclaredPatch:
         library,
         installed(library),
         verdict,
+        entry.patch.note,
     )
 
 
@@ -360,7 +367,9 @@ def _fill(
     for legacy in ledger.legacy:
         infos[legacy.provenance.plugin or "?"].patches.append(_legacy_of(legacy, installed))
     for name, (group, provenance) in planned.groups.items():
-        infos[provenance.plugin or "?"].groups[name] = tuple(group.conflicts_with)
+        info = infos[provenance.plugin or "?"]
+        info.groups[name] = tuple(group.conflicts_with)
+        info.group_facts[name] = (bool(group.opt_in), tuple(group.requires or ()))
     for record in ledger.records:
         if record.kind == "group" and record.status is FAILED and record.provenance.plugin:
             infos[record.provenance.plugin].errors.append(f"group {record.name}: {record.reason}")

@@ -98,7 +98,34 @@ def _patch_dict(patch: DeclaredPatch) -> dict[str, Any]:
         "after": list(patch.after),
         "applicable": patch.applicable,
         "not_applicable_reason": patch.not_applicable_reason,
+        "note": patch.note,
     }
+
+
+def _group_dicts(plugin: PluginInfo) -> list[dict[str, Any]]:
+    """Each group of the plugin: default or opt-in, and whether it applies here.
+
+    ``applicable`` counts the group's patches apply() would install on this machine;
+    ``reason`` is why the first one that would not, is not; ``notes`` collects what its
+    patches say of how they work (an op group's kernel source).
+    """
+    groups: list[dict[str, Any]] = []
+    for name, (opt_in, requires) in plugin.group_facts.items():
+        patches = [p for p in plugin.patches if p.group == name]
+        applicable = [p for p in patches if p.applicable]
+        reasons = [p.not_applicable_reason for p in patches if not p.applicable]
+        groups.append(
+            {
+                "name": name,
+                "default": not opt_in,
+                "requires": list(requires),
+                "patches": len(patches),
+                "applicable": len(applicable),
+                "reason": reasons[0] if reasons else None,
+                "notes": sorted({p.note for p in patches if p.note}),
+            }
+        )
+    return groups
 
 
 def _plugin_dict(plugin: PluginInfo) -> dict[str, Any]:
@@ -114,6 +141,7 @@ def _plugin_dict(plugin: PluginInfo) -> dict[str, Any]:
         "warnings": list(plugin.warnings),
         "errors": list(plugin.errors),
         "patches": [_patch_dict(p) for p in plugin.patches],
+        "groups": _group_dicts(plugin),
         "rules": [
             {"kind": r.kind, "module": r.module, "description": r.description} for r in plugin.rules
         ],
@@ -211,6 +239,25 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}es" if word.endswith(("ch", "sh", "s", "x")) else f"{n} {word}s"
 
 
+def _group_rows(plugins: list[dict[str, Any]], style: Style) -> list[list[Any]]:
+    """One row per group of a loaded plugin: applies here, partly, or why not."""
+    rows: list[list[Any]] = []
+    for plugin in plugins:
+        for group in plugin.get("groups", ()):
+            if group["patches"] and group["applicable"] == group["patches"]:
+                state = style.level("ok", "applies")
+            elif group["applicable"]:
+                state = style.level("ok", "partly")
+            else:
+                state = style.paint("no", "dim")
+            count = f"{group['applicable']}/{group['patches']}"
+            why = "" if group["applicable"] == group["patches"] else group["reason"] or ""
+            detail = "; ".join([*group["notes"], why] if why else group["notes"])
+            kind = "default" if group["default"] else "opt-in"
+            rows.append([plugin["name"], group["name"], kind, state, count, detail])
+    return rows
+
+
 def render(result: dict[str, Any], *, verbose: bool = False, stream: TextIO | None = None) -> str:
     """The human-readable report."""
     style = Style(stream if stream is not None else sys.stdout)
@@ -247,6 +294,10 @@ def render(result: dict[str, Any], *, verbose: bool = False, stream: TextIO | No
             ]
         )
     lines.extend(table(rows, style) if rows else ["  none installed"])
+    group_rows = _group_rows(plugins, style)
+    if group_rows:
+        lines += ["", style.paint("Groups", "bold")]
+        lines.extend(table(group_rows, style))
     if verbose:
         for plugin in plugins:
             lines.append("")

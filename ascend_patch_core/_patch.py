@@ -97,6 +97,8 @@ class AtomicPatch:
     :param rebind: rebind modules that hold the original (``from x import f`` made
         before apply); ``None`` follows the patcher's ``rebind_stale`` setting.
     :param name: the patch's name; defaults to the target path.
+    :param note: one line for the report and ``doctor`` about how this patch does its
+        work, e.g. ``"kernel: mx_driving"`` for a replacement that picked its kernel.
     """
 
     __module__ = "ascend_patch_core"
@@ -117,6 +119,7 @@ class AtomicPatch:
         create: bool = False,
         rebind: bool | None = None,
         name: str | None = None,
+        note: str | None = None,
     ) -> None:
         where = f"AtomicPatch({target!r})"
         self.path = TargetPath.parse(target)
@@ -142,6 +145,9 @@ class AtomicPatch:
         self.create = bool(create)
         self.rebind = rebind
         self.name = name or target
+        if note is not None and not isinstance(note, str):
+            raise PatchDefinitionError(f"{where}: note must be a string, got {type(note).__name__}")
+        self.note = note
         #: The replacement is an object, used as given: no import, no wrapper, no precheck
         #: (a runtime_check may still be put around it).
         self.direct = (

@@ -223,6 +223,7 @@ def _new_entry(
     requires: tuple[str, ...] = (),
 ) -> Entry:
     record = Record("patch", patch.name, patch.target, PENDING, None, group_name, provenance)
+    record.note = patch.note
     entry = Entry(patch, record, requires=requires, after=group_after)
     if patch.runtime_check is not None:
         record.counters = CallCounters()

@@ -175,6 +175,7 @@ class Record:
         "group",
         "kind",
         "name",
+        "note",
         "provenance",
         "reason",
         "status",
@@ -209,6 +210,8 @@ class Record:
         self.provenance = provenance
         #: Replacement/fallback call counts of a runtime_check patch.
         self.counters: CallCounters | None = None
+        #: A patch's own line on how it works (``AtomicPatch(note=...)``), e.g. its kernel.
+        self.note: str | None = None
 
     def __repr__(self) -> str:
         return f"<Record {self.kind} {self.name!r} {self.status.value}>"
@@ -235,6 +238,8 @@ class Record:
             data["rebound_holders"] = list(self.rebound_holders)
         if self.counters is not None:
             data["counters"] = self.counters.as_dict()
+        if self.note is not None:
+            data["note"] = self.note
         if self.warnings:
             data["warnings"] = list(self.warnings)
         return data
@@ -372,6 +377,8 @@ class Report:
             width = min(max(len(r.target) for r in rows), 72)
             for r in rows:
                 reason = f"  {r.reason}" if r.reason else ""
+                if r.note:
+                    reason = f"  ({r.note}){reason}"
                 origin = "" if r.provenance.plugin is None else f"  [{r.provenance.plugin}]"
                 lines.append(
                     f"  {r.status.value:<8} {r.kind:<6} {r.target:<{width}}{origin}{reason}"

@@ -1,7 +1,8 @@
 """The plugin's entry point (``[project.entry-points.ascend_patch]``). Hook implementations only.
 
 ``apply()`` imports this module in every program, so it imports nothing heavy: the
-groups live in :mod:`ascend_patch_mmcv.groups`, which imports no patch family.
+groups live in :mod:`ascend_patch_mmcv.groups` and its ``groups_*`` siblings (one per
+family), which import no patch family.
 """
 
 from __future__ import annotations
@@ -10,9 +11,23 @@ from ascend_patch_core import Patch
 from ascend_patch_core import hookimpl
 
 from . import groups
+from . import groups_checkpoint
+from . import groups_mmdet
+from . import groups_mmdet3d
+from . import groups_ops
+from . import groups_training
 
 
 @hookimpl
 def register_patches() -> list[type[Patch]]:
     """Every group of the plugin; the core checks each group's ``requires`` before building it."""
-    return [groups.MmengineCheckpointNumpy, groups.MmcvVersionCheck, groups.CollectionsCompat]
+    return [
+        groups.MmengineCheckpointNumpy,
+        groups.MmcvVersionCheck,
+        groups.CollectionsCompat,
+        *groups_checkpoint.GROUPS,
+        *groups_ops.GROUPS,
+        *groups_training.GROUPS,
+        *groups_mmdet.GROUPS,
+        *groups_mmdet3d.GROUPS,
+    ]
