@@ -362,3 +362,81 @@ def openmmlab_emulated(session: nox.Session) -> None:
         # Comma-separated: each test file fails (not skips) when what it names is missing.
         env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "openmmlab-emulated,mmengine"},
     )
+
+
+MMCV_CPU_OPS = "mmcv==2.1.0"
+
+
+def mmcv_cpu_ops_wheels(session: nox.Session) -> Path:
+    """A folder holding mmcv 2.1.0 built with its compiled CPU ops, for this session's torch.
+
+    The mmcv plugin's replacements are compared with mmcv's own compiled kernels; PyPI
+    has no CPU build of them, and building the sdist takes ~8-10 min on 2 cores, so the
+    wheel is built once per torch version and Python and kept beside the torch_scatter
+    one (ASCEND_PATCH_WHEEL_CACHE).
+    """
+    import os
+
+    probe = "import sys, torch; print(torch.__version__, 'cp%d%d' % sys.version_info[:2])"
+    torch_version, python_tag = str(session.run("python", "-c", probe, silent=True)).split()
+    root = Path(
+        os.environ.get(
+            "ASCEND_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "ascend-patch" / "wheels"
+        )
+    )
+    folder = root / f"torch-{torch_version}"
+    if not any(folder.glob(f"mmcv-2.1.0-{python_tag}-*.whl")):
+        session.log(f"building {MMCV_CPU_OPS} with CPU ops into {folder} (about 10 minutes, once)")
+        # The sdist's setup.py imports torch and pkg_resources: no build isolation, and
+        # setuptools<81 (from the requirements file) in the session.
+        session.install("ninja")
+        session.run(
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-w",
+            str(folder),
+            MMCV_CPU_OPS,
+            env={"MMCV_WITH_OPS": "1", "FORCE_CUDA": "0", "MAX_JOBS": "2"},
+        )
+    return folder
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def openmmlab_cpu_ops(session: nox.Session) -> None:
+    """The mmcv plugin's op replacements against mmcv 2.1.0's compiled CPU kernels.
+
+    mmcv 2.1.0 built with ops (cached wheel), mmengine 0.10.7, mmdet 3.3.0 and mmdet3d
+    1.4.0 (without its heavy optional dependencies); the plugin's tests run under the
+    emulator and compare each replacement with mmcv's own implementation.
+    """
+    install_project(session)
+    session.install("-r", "requirements/openmmlab-cpu-ops.txt")
+    wheels = mmcv_cpu_ops_wheels(session)
+    session.install("--no-index", "--find-links", str(wheels), "--no-deps", MMCV_CPU_OPS)
+    # mmdet3d 1.4.0's declared dependencies pull open3d and old pins; what it imports is
+    # in the requirements file, the package itself comes without its dependencies.
+    session.install("--no-deps", "-r", "requirements/openmmlab-cpu-ops-nodeps.txt")
+    session.run(
+        "pytest",
+        "plugins/mmcv_npu/tests",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "mmcv-ops,mmengine,mmdet,mmdet3d"},
+    )
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def openmmlab1_emulated(session: nox.Session) -> None:
+    """The mmcv plugin's mmcv 1.x groups against mmcv 1.7.2 (no compiled ops).
+
+    mmcv 1.x and 2.x cannot share an environment (both are the package ``mmcv``).
+    """
+    install_project(session)
+    session.install("--no-build-isolation", "-r", "requirements/openmmlab1-emulated.txt")
+    session.run(
+        "pytest",
+        "plugins/mmcv_npu/tests",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "mmcv1"},
+    )

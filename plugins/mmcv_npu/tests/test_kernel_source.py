@@ -1,0 +1,66 @@
+"""The kernel-source choice: mx_driving, else torch_npu, else portable; once; overridable."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from mmcv_stacks import required
+
+from ascend_patch_core import PatchDefinitionError
+from ascend_patch_mmcv import kernel_source
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices(monkeypatch):
+    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
+    kernel_source.forget_choices()
+    yield
+    kernel_source.forget_choices()
+
+
+def test_the_helper_module_is_importable():
+    assert required("no-such-stack") is False
+
+
+def test_portable_when_neither_library_is_importable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mx_driving", None)
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    assert kernel_source.choose("op") == kernel_source.PORTABLE
+
+
+def test_mx_driving_first_then_torch_npu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setitem(sys.modules, "mx_driving", None)
+    assert kernel_source.choose("a") == kernel_source.TORCH_NPU
+    monkeypatch.setitem(sys.modules, "mx_driving", types.ModuleType("mx_driving"))
+    # Chosen once: the answer stays until forget_choices().
+    assert kernel_source.choose("a") == kernel_source.TORCH_NPU
+    kernel_source.forget_choices()
+    assert kernel_source.choose("a") == kernel_source.MX_DRIVING
+    # An op without a torch_npu kernel skips that source.
+    monkeypatch.setitem(sys.modules, "mx_driving", None)
+    assert kernel_source.choose("b", (kernel_source.MX_DRIVING,)) == kernel_source.PORTABLE
+
+
+def test_the_variable_forces_a_source(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mx_driving", types.ModuleType("mx_driving"))
+    monkeypatch.setenv(kernel_source.VARIABLE, "portable, b=mx_driving")
+    assert kernel_source.choose("a") == kernel_source.PORTABLE
+    assert kernel_source.choose("b") == kernel_source.MX_DRIVING
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("fast", "unknown kernel source 'fast'"),
+        ("a=torch_npu", "which this op does not have"),
+        ("a=mx_driving", "which is not importable; available here: portable"),
+    ],
+)
+def test_a_bad_override_names_the_op_and_the_choices(monkeypatch, value, message):
+    monkeypatch.setitem(sys.modules, "mx_driving", None)
+    monkeypatch.setenv(kernel_source.VARIABLE, value)
+    with pytest.raises(PatchDefinitionError, match=message):
+        kernel_source.choose("a", (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
