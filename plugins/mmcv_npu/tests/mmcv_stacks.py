@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 
-__all__ = ["required", "require_module", "require_stack"]
+__all__ = ["require_module", "require_stack", "required"]
 
 
 def required(name: str) -> bool:

@@ -6,10 +6,10 @@ import sys
 import types
 
 import pytest
+from ascend_patch_mmcv import kernel_source
 from mmcv_stacks import required
 
 from ascend_patch_core import PatchDefinitionError
-from ascend_patch_mmcv import kernel_source
 
 
 @pytest.fixture(autouse=True)
