@@ -136,6 +136,9 @@ def revert() -> Report:
     return default_patcher.revert()
 
 
+_NOT_LEGACY: set[str] = set()
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is not None:
@@ -146,4 +149,13 @@ def __getattr__(name: str) -> Any:
         from importlib.metadata import version
 
         return version("ascend-patch-core")
+    if name.isidentifier() and not name.startswith("_") and name not in _NOT_LEGACY:
+        # A 1.0 function name of a plugin's group (msda, dc, index ...).
+        from ._legacy import legacy_function
+
+        function = legacy_function(name)
+        if function is not None:
+            globals()[name] = function
+            return function
+        _NOT_LEGACY.add(name)  # probes (hasattr) load the plugins once per name
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

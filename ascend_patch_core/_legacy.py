@@ -11,10 +11,16 @@ A 1.0 patch function that a plugin ships for a 2.0 group carries
 reversible patches instead of running the function. (The DrivingSDK patcher matched built-in
 functions by ``__name__``, so a user's own function called ``index`` was silently
 swapped for the built-in one.)
+
+The 1.0 names of the plugins' groups (``msda``, ``dc``, ``index`` ...: each group's
+``legacy_name``) are attributes of ``ascend_patch_core``, looked up on first use among
+the installed plugins (:func:`legacy_function`), so that a 1.0 script whose import
+line now names ``ascend_patch_core`` finds them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ._patch import LegacyPatch
@@ -22,7 +28,7 @@ from ._patch import Patch
 from ._patcher import Patcher
 
 
-__all__ = ["PatcherBuilder"]
+__all__ = ["PatcherBuilder", "legacy_function"]
 
 
 class PatcherBuilder:
@@ -93,3 +99,34 @@ class PatcherBuilder:
         if allow_internal_format is not None:
             patcher.allow_internal_format(allow_internal_format)
         return patcher
+
+
+def _group_function(group: type[Patch]) -> Callable[..., None]:
+    name = str(group.legacy_name)
+
+    def legacy(module: Any = None, options: Any = None) -> None:
+        # Called directly, as 1.0 code may do: apply the group (reversibly, on its own
+        # Patcher); given to Patch(...), the builder adds the group instead.
+        Patcher().add(group, options=options).apply()
+
+    legacy.__name__ = legacy.__qualname__ = name
+    legacy.__doc__ = f"The 1.0 name of the patch group {group.name}: use it in Patch({name})."
+    legacy.__ascend_patch_group__ = group  # type: ignore[attr-defined]
+    return legacy
+
+
+def legacy_function(name: str) -> Callable[..., None] | None:
+    """The 1.0 function ``name`` of an installed plugin's group (its ``legacy_name``), or None.
+
+    Loads the selected plugins (their hooks only return declarations); applies nothing.
+    """
+    from ._metadata import MetadataCache
+    from ._registry import PluginSelection
+    from ._registry import load_plugins
+
+    loaded, _, _ = load_plugins(PluginSelection.from_env(), MetadataCache())
+    for plugin in loaded:
+        for item in plugin.patches:
+            if isinstance(item, type) and issubclass(item, Patch) and item.legacy_name == name:
+                return _group_function(item)
+    return None

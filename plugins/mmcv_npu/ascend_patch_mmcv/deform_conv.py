@@ -1,0 +1,147 @@
+"""DeformConv and ModulatedDeformConv: mmcv's deformable convolutions on NPU kernels.
+
+mmcv 1.7 and 2.x route every deformable convolution through one autograd function per
+flavour, reached two ways: ``DeformConv2dFunction.apply`` /
+``ModulatedDeformConv2dFunction.apply``, and the module-level ``deform_conv2d`` /
+``modulated_deform_conv2d`` (bound to ``apply`` when mmcv was imported, re-exported by
+``mmcv.ops``), which ``DeformConv2d``, ``ModulatedDeformConv2d`` and their ``Pack``
+variants call. The group replaces both, for NPU tensors (``runtime_check``).
+
+Kernel (:mod:`ascend_patch_mmcv.kernel_source`, ops ``deform_conv2d`` and
+``modulated_deform_conv2d``): DrivingSDK's kernel within its domain (3x3 kernels,
+channels multiples of 64; elsewhere mmcv's own code runs, which calls torch_npu on
+an NPU), else ``torch_npu.npu_deformable_conv2d`` with its autograd backward, else
+the portable PyTorch implementation (:mod:`ascend_patch_mmcv.deform_conv_kernels`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+
+from ascend_patch_core import AtomicPatch
+
+from . import deform_conv_kernels
+from . import kernel_source
+
+
+__all__ = ["deform_conv_patches", "modulated_deform_conv_patches"]
+
+_KERNELS: dict[str, Callable[..., Any]] = {
+    kernel_source.MX_DRIVING: deform_conv_kernels.mx_driving_kernel,
+    kernel_source.TORCH_NPU: deform_conv_kernels.torch_npu_kernel,
+    kernel_source.PORTABLE: deform_conv_kernels.portable,
+}
+
+
+def _on_npu(tensor: Any) -> bool:
+    device = getattr(tensor, "device", None)
+    return device is not None and device.type == "npu"
+
+
+def _check(source: str, modulated: bool) -> Callable[..., bool]:
+    def check(input: Any, offset: Any, *rest: Any, **kwargs: Any) -> bool:
+        if not (_on_npu(input) and _on_npu(offset)):
+            return False
+        if source != kernel_source.MX_DRIVING:
+            return True
+        weight = rest[1] if modulated else rest[0]
+        return deform_conv_kernels.mx_driving_supports(input, weight, modulated)
+
+    return check
+
+
+def _deform_conv2d(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    def deform_conv2d(
+        input: Any,
+        offset: Any,
+        weight: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        deform_groups: int = 1,
+        bias: bool = False,
+        im2col_step: int = 32,
+    ) -> Any:
+        # As mmcv: no bias in DCNv1; im2col_step only tiles mmcv's kernel.
+        if bias:
+            raise AssertionError("Only support bias is False.")
+        if input.dim() != 4:
+            raise ValueError(f"Expected 4D tensor as input, got {input.dim()}D tensor instead.")
+        return kernel(
+            input, offset, None, weight, None, stride, padding, dilation, groups, deform_groups
+        )
+
+    return deform_conv2d
+
+
+def _modulated_deform_conv2d(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    def modulated_deform_conv2d(
+        input: Any,
+        offset: Any,
+        mask: Any,
+        weight: Any,
+        bias: Any = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        deform_groups: int = 1,
+    ) -> Any:
+        if input.dim() != 4:
+            raise ValueError(f"Expected 4D tensor as input, got {input.dim()}D tensor instead.")
+        return kernel(
+            input, offset, mask, weight, bias, stride, padding, dilation, groups, deform_groups
+        )
+
+    return modulated_deform_conv2d
+
+
+def _as_classmethod(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``Function.apply`` is a classmethod: the installed replacement gets the class first."""
+
+    def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return apply
+
+
+def _patches(
+    module: str, function_class: str, function: str, op: str, modulated: bool
+) -> Iterator[AtomicPatch]:
+    source = kernel_source.choose(op)
+    note = kernel_source.note(source)
+    make = _modulated_deform_conv2d if modulated else _deform_conv2d
+    replacement = make(_KERNELS[source])
+    check = _check(source, modulated)
+    yield AtomicPatch(
+        f"{module}:{function_class}.apply",
+        _as_classmethod(replacement),
+        runtime_check=lambda cls, *args, **kwargs: check(*args, **kwargs),
+        note=note,
+    )
+    yield AtomicPatch(
+        f"{module}:{function}",
+        replacement,
+        aliases=f"mmcv.ops:{function}",
+        runtime_check=check,
+        note=note,
+    )
+
+
+def deform_conv_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    return _patches(
+        "mmcv.ops.deform_conv", "DeformConv2dFunction", "deform_conv2d", "deform_conv2d", False
+    )
+
+
+def modulated_deform_conv_patches(options: Any = None) -> Iterator[AtomicPatch]:
+    return _patches(
+        "mmcv.ops.modulated_deform_conv",
+        "ModulatedDeformConv2dFunction",
+        "modulated_deform_conv2d",
+        "modulated_deform_conv2d",
+        True,
+    )

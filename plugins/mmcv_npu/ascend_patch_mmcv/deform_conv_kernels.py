@@ -1,0 +1,183 @@
+"""Deformable convolution (DCNv1 and the modulated DCNv2) in mmcv's conventions, three ways.
+
+All take mmcv's arguments -- ``input [N, C, H, W]``, ``offset [N, 2*dg*kh*kw, Ho, Wo]``
+with interleaved ``(dy, dx)`` pairs per kernel tap, ``mask [N, dg*kh*kw, Ho, Wo]``
+(modulated only), ``weight [Cout, C/groups, kh, kw]``, ``bias`` or None, and ``stride``,
+``padding``, ``dilation`` as ints or pairs -- and return ``[N, Cout, Ho, Wo]``,
+differentiable in input, offset, mask, weight and bias:
+
+* :func:`portable` -- PyTorch only: bilinear samples gathered for every tap at once
+  (no loop over positions), then one grouped matrix product; autograd gives the
+  backward. Sampling follows mmcv's kernels: a point at or beyond one pixel outside the
+  map gives 0, corners outside the map count as 0.
+* :func:`torch_npu_kernel` -- ``torch_npu.npu_deformable_conv2d``, whose offsets are all
+  x then all y (then the mask); its backward is ``npu_deformable_conv2dbk``.
+* :func:`mx_driving_kernel` -- DrivingSDK's ``modulated_deform_conv2d`` /
+  ``deform_conv2d``, within their domain (:func:`mx_driving_supports`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import kernel_source
+
+
+__all__ = ["mx_driving_kernel", "mx_driving_supports", "portable", "torch_npu_kernel"]
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    first, second = value
+    return int(first), int(second)
+
+
+def _sample(images: Any, y: Any, x: Any) -> Any:
+    """Bilinear samples of ``images [N, G, C, H, W]`` at ``y, x [N, G, P]`` -> ``[N, G, C, P]``."""
+    import torch
+
+    height, width = images.shape[-2:]
+    flat = images.flatten(-2)
+    y0, x0 = y.floor(), x.floor()
+    ly, lx = y - y0, x - x0
+    total = None
+    for dy, wy in ((0, 1 - ly), (1, ly)):
+        for dx, wx in ((0, 1 - lx), (1, lx)):
+            yy, xx = y0 + dy, x0 + dx
+            inside = (yy >= 0) & (yy < height) & (xx >= 0) & (xx < width)
+            index = (yy.clamp(0, height - 1) * width + xx.clamp(0, width - 1)).long()
+            gathered = flat.gather(3, index.unsqueeze(2).expand(-1, -1, flat.shape[2], -1))
+            term = gathered * (wy * wx * inside).unsqueeze(2)
+            total = term if total is None else total + term
+    assert total is not None
+    valid = (y > -1) & (y < height) & (x > -1) & (x < width)
+    return torch.where(valid.unsqueeze(2), total, total.new_zeros(()))
+
+
+def portable(
+    input: Any,
+    offset: Any,
+    mask: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    deform_groups: int = 1,
+) -> Any:
+    """Modulated deformable convolution in PyTorch; ``mask=None`` is DCNv1 (all ones)."""
+    import torch
+
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    batch, channels, height, width = input.shape
+    out_channels, _, kh, kw = weight.shape
+    out_h = (height + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    out_w = (width + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    taps, dg = kh * kw, deform_groups
+    dtype = torch.promote_types(input.dtype, offset.dtype)
+    offsets = offset.to(dtype).view(batch, dg, taps, 2, out_h, out_w)
+    rows = torch.arange(out_h, device=input.device, dtype=dtype).view(out_h, 1) * sh - ph
+    cols = torch.arange(out_w, device=input.device, dtype=dtype).view(1, out_w) * sw - pw
+    tap_y = (torch.arange(kh, device=input.device, dtype=dtype) * dh).repeat_interleave(kw)
+    tap_x = (torch.arange(kw, device=input.device, dtype=dtype) * dw).repeat(kh)
+    y = rows + tap_y.view(taps, 1, 1) + offsets[:, :, :, 0]
+    x = cols + tap_x.view(taps, 1, 1) + offsets[:, :, :, 1]
+    images = input.to(dtype).view(batch, dg, channels // dg, height, width)
+    samples = _sample(images, y.flatten(2), x.flatten(2))
+    samples = samples.view(batch, dg, channels // dg, taps, out_h * out_w)
+    if mask is not None:
+        samples = samples * mask.to(dtype).view(batch, dg, 1, taps, out_h * out_w)
+    # [N, C, taps, L] -> per convolution group [N, g, C/g * taps, L]: the weight's own
+    # (channel, kh, kw) order.
+    columns = samples.reshape(batch, groups, channels // groups * taps, out_h * out_w)
+    kernel = weight.to(dtype).reshape(groups, out_channels // groups, -1)
+    out = torch.einsum("gok,ngkl->ngol", kernel, columns).reshape(batch, out_channels, out_h, out_w)
+    if bias is not None and bias.numel():
+        out = out + bias.to(dtype).view(1, -1, 1, 1)
+    return out.to(input.dtype)
+
+
+def _npu_offsets(offset: Any, mask: Any, taps: int, deform_groups: int) -> Any:
+    """mmcv's interleaved ``(dy, dx)`` offsets and the mask in torch_npu's layout."""
+    import torch
+
+    batch, _, out_h, out_w = offset.shape
+    pairs = offset.view(batch, deform_groups * taps, 2, out_h, out_w)
+    xs, ys = pairs[:, :, 1], pairs[:, :, 0]
+    if mask is None:
+        mask = offset.new_ones(batch, deform_groups * taps, out_h, out_w)
+    return torch.cat((xs, ys, mask.to(offset.dtype)), dim=1)
+
+
+def torch_npu_kernel(
+    input: Any,
+    offset: Any,
+    mask: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    deform_groups: int = 1,
+) -> Any:
+    """The same through ``torch_npu.npu_deformable_conv2d`` (its autograd backward)."""
+    import torch_npu
+
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    kh, kw = weight.shape[2], weight.shape[3]
+    out, _ = torch_npu.npu_deformable_conv2d(
+        input,
+        weight,
+        _npu_offsets(offset, mask, kh * kw, deform_groups),
+        bias if bias is not None and bias.numel() else None,
+        kernel_size=[kh, kw],
+        stride=[1, 1, sh, sw],
+        padding=[ph, ph, pw, pw],
+        dilation=[1, 1, dh, dw],
+        groups=groups,
+        deformable_groups=deform_groups,
+        modulated=True,
+    )
+    return out.to(input.dtype)
+
+
+def mx_driving_supports(input: Any, weight: Any, modulated: bool) -> bool:
+    """Whether DrivingSDK's kernel takes these shapes.
+
+    Its modulated kernel refuses (ValueError) anything but a 3x3 kernel with input and
+    output channels multiples of 64; the same limits are assumed for the unmodulated one.
+    """
+    return (
+        tuple(weight.shape[2:]) == (3, 3) and input.shape[1] % 64 == 0 and weight.shape[0] % 64 == 0
+    )
+
+
+def mx_driving_kernel(
+    input: Any,
+    offset: Any,
+    mask: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    deform_groups: int = 1,
+) -> Any:
+    """DrivingSDK's kernels; the bias is added here (they take none)."""
+    mx = kernel_source.mx_driving()
+    weight = weight.type_as(input)
+    if mask is None:
+        out = mx.deform_conv2d(
+            input, offset, weight, stride, padding, dilation, groups, deform_groups
+        )
+    else:
+        out = mx.modulated_deform_conv2d(
+            input, offset, mask, weight, None, stride, padding, dilation, groups, deform_groups
+        )
+    if bias is not None and bias.numel():
+        out = out + bias.view(1, -1, 1, 1).to(out.dtype)
+    return out
