@@ -257,6 +257,12 @@ def _start(version: str, device_count: int) -> list[Callable[[], None]]:
                 f"import torch_npu gave {imported!r}, not the emulated package: an import "
                 f"rule (skip_import/replace_import) or another finder serves torch_npu"
             )
+        # DrivingSDK's mx_driving, with its real signatures, unless a real one is importable.
+        from . import _mx_driving
+
+        served = _mx_driving.serve()
+        if served is not None:
+            undos.append(served)
     except BaseException:
         for step in reversed(undos):
             step()

@@ -24,28 +24,35 @@ npu = ["torch-npu>=2.6"]``); without one it is checked against every version wit
 data. A call reached only on some versions (behind a feature test) carries a
 ``# contract: torch-npu>=2.9`` comment on one of its lines or on the header line of
 an enclosing ``def``/``if``/``with``/``try``/``for``/``while``.
+
+Calls of DrivingSDK's ``mx_driving`` are checked too (``mx_driving.<name>(...)``,
+``mx_driving.<Function>.apply(...)``, names bound by ``from mx_driving import``, the
+module returned by a ``...mx_driving()`` accessor such as the mmcv plugin's
+``kernel_source.mx_driving()``): the name must be public in the recorded mx-driving
+version and the call must bind to its Python signature (``_contract_mx``), in every
+version the plugin's ``mx-driving`` requirement allows (all with data without one).
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import os
-import sys
-import threading
 from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import NamedTuple
 
+from ._contract_mx import mx_call_problem
+from ._contract_mx import supported_mx_versions
+from ._contract_runtime import CallRecorder
+from ._contract_runtime import RecordedCall
+from ._contract_runtime import record_call
+from ._contract_runtime import recorded_in
+from ._scan import MX_DRIVING
 from ._scan import OpCall
 from ._scan import all_op_names
-from ._scan import contract_markers
-from ._scan import overload_name
 from ._scan import scan_sources
-from ._scan import versions_for
 from ._schemas import OpSchema
 from ._schemas import available_versions
 from ._schemas import load_schemas
@@ -66,17 +73,17 @@ __all__ = [
     "supported_versions",
 ]
 
-_EMULATOR_DIR = os.path.dirname(os.path.abspath(__file__))
-
 
 class Mismatch(NamedTuple):
-    """A call that does not bind (or an op that is missing) in one torch_npu version."""
+    """A call that does not bind (or an op that is missing) in one version of a library."""
 
     plugin: str
     site: str
     op: str
     version: str
     message: str
+    #: The library ``version`` is of: ``"torch_npu"`` or ``"mx_driving"``.
+    library: str = "torch_npu"
 
     def __str__(self) -> str:
         return f"{self.plugin}: {self.site}: {self.message}"
@@ -92,6 +99,8 @@ class PluginCheck(NamedTuple):
     versions: tuple[str, ...]
     calls: tuple[OpCall, ...]
     mismatches: tuple[Mismatch, ...]
+    #: The mx-driving versions its mx_driving calls were checked against.
+    mx_versions: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- versions
@@ -114,8 +123,8 @@ def supported_versions(spec: str | None = None) -> list[str]:
     return [v for v in versions if specifier.contains(v, prereleases=True)]
 
 
-def _declared_spec(distribution: str) -> str | None:
-    """The ``torch-npu`` specifier in ``distribution``'s requirements (all extras)."""
+def _declared_spec(distribution: str, requirement: str = "torch-npu") -> str | None:
+    """The ``requirement`` specifier in ``distribution``'s requirements (all extras)."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import requires
 
@@ -129,7 +138,7 @@ def _declared_spec(distribution: str) -> str | None:
     specs = [
         str(req.specifier)
         for req in map(Requirement, lines)
-        if canonicalize_name(req.name) == "torch-npu"
+        if canonicalize_name(req.name) == requirement
     ]
     if not specs:
         return None
@@ -224,11 +233,32 @@ def _missing(call: OpCall, version: str, schemas: Mapping[str, OpSchema]) -> str
     return f"{call.target}: no such op ({where})"
 
 
-def check_calls(plugin: str, calls: Iterable[OpCall], versions: Sequence[str]) -> list[Mismatch]:
-    """Check each call against each of ``versions`` (narrowed by the call's own marker)."""
+def check_calls(
+    plugin: str,
+    calls: Iterable[OpCall],
+    versions: Sequence[str],
+    *,
+    mx_versions: Sequence[str] | None = None,
+) -> list[Mismatch]:
+    """Check each call against each of ``versions`` (narrowed by the call's own marker).
+
+    mx_driving calls are checked against ``mx_versions`` instead (default: every
+    mx-driving version with data).
+    """
     mismatches: list[Mismatch] = []
     seen: set[Mismatch] = set()
     for call in calls:
+        if call.library == MX_DRIVING:
+            for version in supported_mx_versions() if mx_versions is None else mx_versions:
+                problem = mx_call_problem(call, version)
+                if problem is None:
+                    continue
+                message = f"{problem} in mx_driving {version}"
+                mismatch = Mismatch(plugin, call.site, call.target, version, message, MX_DRIVING)
+                if mismatch not in seen:
+                    seen.add(mismatch)
+                    mismatches.append(mismatch)
+            continue
         targets = versions
         if call.versions:
             try:
@@ -250,155 +280,14 @@ def check_calls(plugin: str, calls: Iterable[OpCall], versions: Sequence[str]) -
 
 def format_mismatches(mismatches: Iterable[Mismatch]) -> str:
     """One line per plugin, site and problem, with the versions it occurs in listed once."""
-    grouped: dict[tuple[str, str, str], list[str]] = {}
+    grouped: dict[tuple[str, str, str, str], list[str]] = {}
     for m in mismatches:
-        problem = m.message.removesuffix(f" in torch_npu {m.version}")
-        grouped.setdefault((m.plugin, m.site, problem), []).append(m.version)
+        problem = m.message.removesuffix(f" in {m.library} {m.version}")
+        grouped.setdefault((m.plugin, m.site, problem, m.library), []).append(m.version)
     return "\n".join(
-        f"{plugin}: {site}: {problem} [torch_npu {', '.join(versions)}]"
-        for (plugin, site, problem), versions in grouped.items()
+        f"{plugin}: {site}: {problem} [{library} {', '.join(versions)}]"
+        for (plugin, site, problem, library), versions in grouped.items()
     )
-
-
-# --------------------------------------------------------------------------- run time
-
-
-class RecordedCall(NamedTuple):
-    """An op call the emulator dispatched, with the file and line that made it."""
-
-    op: str
-    overload: str | None
-    positional: int
-    keywords: tuple[str, ...]
-    file: str
-    line: int
-
-
-_active: list[CallRecorder] = []
-_active_lock = threading.Lock()
-
-
-class CallRecorder:
-    """Collects the op calls reported to :func:`record_call` while it is entered.
-
-    ::
-
-        with CallRecorder() as recorder:
-            run_the_plugin_under_the_emulator()
-        mismatches = check_plugin(path, recorded=recorder.calls).mismatches
-
-    Recorders nest and may be used from several threads; each distinct call
-    (op, arguments shape, site) is kept once.
-    """
-
-    def __init__(self) -> None:
-        self._calls: dict[RecordedCall, None] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def calls(self) -> list[RecordedCall]:
-        with self._lock:
-            return list(self._calls)
-
-    def record(self, call: RecordedCall) -> None:
-        with self._lock:
-            self._calls.setdefault(call, None)
-
-    def __enter__(self) -> CallRecorder:
-        with _active_lock:
-            _active.append(self)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        with _active_lock:
-            _active.remove(self)
-
-
-def record_call(
-    op: str,
-    args: Sequence[object],
-    kwargs: Mapping[str, object],
-    site: tuple[str, int] | None = None,
-) -> None:
-    """Report one op call to the active recorders (a no-op when none is active).
-
-    ``op`` is the name the caller used: ``"npu_rms_norm"`` for the packet, or
-    ``"npu_rms_norm.default"`` / ``"npu_max.dim"`` for an overload (an ``npu::``
-    prefix is dropped). ``site`` is ``(file, line)``; by default it is the first
-    frame outside the emulator and torch, i.e. the code that called the op.
-    """
-    if not _active:
-        return
-    name = op.removeprefix("npu::")
-    base, dot, overload = name.partition(".")
-    if site is None:
-        site = _caller_site()
-    call = RecordedCall(
-        base,
-        overload_name(overload) if dot else None,
-        len(args),
-        tuple(kwargs),
-        os.path.abspath(site[0]),
-        site[1],
-    )
-    with _active_lock:
-        recorders = list(_active)
-    for recorder in recorders:
-        recorder.record(call)
-
-
-def _caller_site() -> tuple[str, int]:
-    skip = [_EMULATOR_DIR + os.sep]
-    torch = sys.modules.get("torch")
-    torch_file = getattr(torch, "__file__", None)
-    if torch_file:
-        skip.append(os.path.dirname(os.path.abspath(torch_file)) + os.sep)
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(tuple(skip)):
-            return filename, frame.f_lineno
-        if frame.f_back is None:
-            break
-        frame = frame.f_back
-    return os.path.abspath(frame.f_code.co_filename), frame.f_lineno
-
-
-def _recorded_in(root: Path, recorded: Iterable[RecordedCall]) -> list[OpCall]:
-    """The recorded calls made from files under ``root``, as :class:`OpCall` rows."""
-    root = root.resolve()
-    calls: list[OpCall] = []
-    markers: dict[str, list[tuple[int, int, str]]] = {}
-    for call in recorded:
-        path = Path(call.file).resolve()
-        inside = path.is_relative_to(root) if root.is_dir() else path == root
-        if not inside:
-            continue
-        relative = path.relative_to(root.parent)
-        if call.file not in markers:
-            try:
-                source = path.read_text(encoding="utf-8")
-                markers[call.file] = contract_markers(source, ast.parse(source))
-            except (OSError, SyntaxError, ValueError):
-                markers[call.file] = []
-        calls.append(
-            OpCall(
-                call.op,
-                call.overload,
-                f"{relative.as_posix()}:{call.line}",
-                call.positional,
-                call.keywords,
-                False,
-                True,
-                versions_for(call.line, call.line, markers[call.file]),
-            )
-        )
-    return calls
 
 
 # --------------------------------------------------------------------------- plugins
@@ -409,17 +298,32 @@ def check_plugin(
     *,
     plugin: str | None = None,
     torch_npu: str | None = None,
+    mx_driving: str | None = None,
     recorded: Iterable[RecordedCall] = (),
 ) -> PluginCheck:
     """Check one plugin's sources (a package folder or a file) and its recorded calls.
 
     ``plugin`` names it in the mismatches (default: the folder name); ``torch_npu``
-    is the specifier of the versions it supports (default: every version with data).
+    and ``mx_driving`` are the specifiers of the versions it supports (default: every
+    version with data).
     """
     path = Path(root)
     label = plugin or path.stem
     versions = supported_versions(torch_npu)
-    calls = [*scan_sources(path), *_recorded_in(path, recorded)]
+    mx_versions = supported_mx_versions(mx_driving)
+    calls = [*scan_sources(path), *recorded_in(path, recorded)]
+    if not mx_versions and any(c.library == MX_DRIVING for c in calls):
+        problem = Mismatch(
+            label,
+            f"{label} metadata",
+            "",
+            mx_driving or "",
+            f"no mx_driving API data matches mx-driving{mx_driving} (data: "
+            f"{', '.join(supported_mx_versions())}); add a version to VERSIONS in "
+            "tools/mx_driving_signatures.py and run it",
+            MX_DRIVING,
+        )
+        return PluginCheck(label, path, tuple(versions), tuple(calls), (problem,))
     if not versions:
         known = ", ".join(available_versions())
         problem = Mismatch(
@@ -431,8 +335,10 @@ def check_plugin(
             "add a version to VERSIONS in tools/extract_npu_schemas.py and run it",
         )
         return PluginCheck(label, path, (), tuple(calls), (problem,))
-    mismatches = check_calls(label, calls, versions)
-    return PluginCheck(label, path, tuple(versions), tuple(calls), tuple(mismatches))
+    mismatches = check_calls(label, calls, versions, mx_versions=mx_versions)
+    return PluginCheck(
+        label, path, tuple(versions), tuple(calls), tuple(mismatches), tuple(mx_versions)
+    )
 
 
 def check_plugins(
@@ -441,7 +347,8 @@ def check_plugins(
     """Check every installed ascend-patch plugin (or those with entry-point ``names``).
 
     A plugin's sources are its entry point's top-level package; the versions come
-    from the ``torch-npu`` requirement of its distribution. An unknown name raises.
+    from the ``torch-npu`` and ``mx-driving`` requirements of its distribution. An
+    unknown name raises.
     """
     from importlib.metadata import entry_points
     from importlib.util import find_spec
@@ -468,5 +375,14 @@ def check_plugins(
         root = Path(locations[0]) if locations else Path(str(spec.origin))
         distribution = entry.dist.name if entry.dist is not None else None
         declared = _declared_spec(distribution) if distribution else None
-        checks.append(check_plugin(root, plugin=name, torch_npu=declared, recorded=recorded))
+        mx_declared = _declared_spec(distribution, "mx-driving") if distribution else None
+        checks.append(
+            check_plugin(
+                root,
+                plugin=name,
+                torch_npu=declared,
+                mx_driving=mx_declared,
+                recorded=recorded,
+            )
+        )
     return checks

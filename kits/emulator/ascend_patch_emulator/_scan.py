@@ -1,4 +1,5 @@
-"""The static half of the contract check: find the torch_npu ops a package's sources use.
+"""The static half of the contract check: find the torch_npu ops and mx_driving names a
+package's sources use.
 
 An ``ast`` scan, per file, for ``torch_npu.<op>(...)``, ``torch.ops.npu.<op>[.<overload>](...)``
 (through any alias), names bound by ``from torch_npu import <op>`` or
@@ -7,6 +8,14 @@ An ``ast`` scan, per file, for ``torch_npu.<op>(...)``, ``torch.ops.npu.<op>[.<o
 ``# contract: torch-npu<specifier>`` comments that limit the versions of a call.
 Aliases are collected per module, not per scope: plugin modules bind them at the top
 (or through ``with_imports``, which binds module globals).
+
+mx_driving uses are found the same way (:class:`OpCall` rows with ``library
+"mx_driving"``): attributes of the module however it is reached (``import
+mx_driving [as m]``, ``importlib.import_module("mx_driving")``, or a call of an
+accessor named ``mx_driving`` such as ``kernel_source.mx_driving()``, directly or
+through a name bound to its result), names bound by ``from mx_driving import X``,
+``.apply``/``.forward`` of them, ``getattr(<module>, "X")`` and ``"mx_driving:X"``
+replacement strings. Dunder attributes (``__file__``) are not API uses.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from ._schemas import load_schemas
 
 
 __all__ = [
+    "MX_DRIVING",
     "OpCall",
     "all_op_names",
     "contract_markers",
@@ -31,6 +41,10 @@ __all__ = [
     "versions_for",
 ]
 
+#: The library name of mx_driving uses (:attr:`OpCall.library`).
+MX_DRIVING = "mx_driving"
+#: Attributes of an mx_driving autograd Function class that a call may go through.
+_FUNCTION_ATTRIBUTES = frozenset({"apply", "forward", "backward"})
 _MARKER = re.compile(r"#\s*contract:\s*torch[-_]npu\s*(?P<spec>[^#]*)", re.IGNORECASE)
 #: Attributes of an op packet that are not overload names.
 _PACKET_ATTRIBUTES = frozenset({"overloads", "op", "name", "default_overload"})
@@ -54,10 +68,15 @@ class OpCall(NamedTuple):
     #: A version specifier (``">=2.9"``) limiting the versions this call is checked
     #: against (a ``# contract: torch-npu...`` comment); ``""`` for all.
     versions: str = ""
+    #: ``"torch_npu"``, or ``"mx_driving"`` for a use of mx_driving's Python API
+    #: (``op`` is then the public name, with ``.apply``/``.forward`` when called so).
+    library: str = "torch_npu"
 
     @property
     def target(self) -> str:
-        """The op as written: ``npu_x``, ``npu_x.default`` or ``npu_x.out``."""
+        """The op as written: ``npu_x``, ``npu_x.default``, ``npu_x.out``, ``mx_driving.f``."""
+        if self.library == MX_DRIVING:
+            return f"mx_driving.{self.op}"
         if self.overload is None:
             return self.op
         return f"{self.op}.{self.overload or 'default'}"
@@ -98,11 +117,24 @@ class _Aliases:
         self.torch_npu: set[str] = set()
         self.namespace: set[str] = set()
         self.ops: dict[str, tuple[str, str | None]] = {}
+        #: Names bound to the mx_driving module, and to its public names.
+        self.mx_module: set[str] = set()
+        self.mx_names: dict[str, str] = {}
+
+    def _size(self) -> tuple[int, ...]:
+        return (
+            len(self.torch),
+            len(self.torch_npu),
+            len(self.namespace),
+            len(self.ops),
+            len(self.mx_module),
+            len(self.mx_names),
+        )
 
     def collect(self, tree: ast.AST) -> None:
         # Assignments may refer to each other in any order: repeat until nothing new.
         while True:
-            before = (len(self.torch), len(self.torch_npu), len(self.namespace), len(self.ops))
+            before = self._size()
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     for alias in node.names:
@@ -114,6 +146,10 @@ class _Aliases:
                             self.torch.add("torch")  # `import torch.nn` binds `torch`
                         elif alias.name.startswith("torch_npu.") and not alias.asname:
                             self.torch_npu.add("torch_npu")
+                        elif alias.name == MX_DRIVING or (
+                            alias.name.startswith("mx_driving.") and not alias.asname
+                        ):
+                            self.mx_module.add(alias.asname or MX_DRIVING)
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
                     self._from_import(node)
                 elif isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -125,7 +161,7 @@ class _Aliases:
                     ["ascend_patch_core", "with_imports"],
                 ):
                     self._with_imports(node)
-            if before == (len(self.torch), len(self.torch_npu), len(self.namespace), len(self.ops)):
+            if before == self._size():
                 return
 
     def _from_import(self, node: ast.ImportFrom) -> None:
@@ -133,10 +169,19 @@ class _Aliases:
             bound = alias.asname or alias.name
             if node.module == "torch_npu" and _is_op_name(alias.name):
                 self.ops[bound] = (alias.name, None)
+            elif node.module == MX_DRIVING and alias.name != "*":
+                self.mx_names[bound] = alias.name
             elif node.module == "torch.ops" and alias.name == "npu":
                 self.namespace.add(bound)
 
     def _assign(self, name: str, value: ast.expr) -> None:
+        mx = self.resolve_mx(value)
+        if mx == "":
+            self.mx_module.add(name)
+            return
+        if mx is not None:
+            self.mx_names[name] = mx
+            return
         resolved = self.resolve(value)
         if resolved is not None:
             self.ops[name] = resolved
@@ -187,6 +232,47 @@ class _Aliases:
             return rest[0], overload_name(rest[1])
         return None
 
+    def is_mx_module(self, node: ast.expr) -> bool:
+        """Whether ``node`` evaluates to the mx_driving module itself."""
+        if isinstance(node, ast.Name):
+            return node.id in self.mx_module
+        if not isinstance(node, ast.Call):
+            return False
+        callee = _chain(node.func)
+        if callee is None:
+            return False
+        if not node.args and not node.keywords and callee[-1] == MX_DRIVING:
+            return True  # an accessor returning the module: kernel_source.mx_driving()
+        return (
+            callee[-1] == "import_module"
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == MX_DRIVING
+        )
+
+    def resolve_mx(self, node: ast.expr) -> str | None:
+        """The mx_driving use ``node`` names: ``""`` for the module itself, ``"f"``,
+        ``"F.apply"``; None when it is not one (or only a dunder of the module)."""
+        if self.is_mx_module(node):
+            return ""
+        attributes: list[str] = []
+        while isinstance(node, ast.Attribute):
+            attributes.append(node.attr)
+            node = node.value
+            if self.is_mx_module(node):
+                break
+        else:
+            if not (isinstance(node, ast.Name) and node.id in self.mx_names):
+                return None
+            attributes.append(self.mx_names[node.id])
+        attributes.reverse()
+        name = attributes[0]
+        if name.startswith("__"):
+            return None
+        if len(attributes) > 1 and attributes[1] in _FUNCTION_ATTRIBUTES:
+            return f"{name}.{attributes[1]}"
+        return name
+
     def is_module(self, node: ast.expr) -> bool:
         """Whether ``node`` is torch_npu or ``torch.ops.npu`` (for ``getattr``)."""
         chain = _chain(node)
@@ -202,6 +288,7 @@ def overload_name(name: str) -> str:
 
 
 _STRING_REFERENCE = re.compile(r"^torch_npu[.:](?P<op>\w+)$")
+_MX_STRING_REFERENCE = re.compile(r"^mx_driving:(?P<name>(?!__)\w+)$")
 _GUARDED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.If, ast.With, ast.Try, ast.For, ast.While)
 
 
@@ -267,12 +354,50 @@ def _scan_file(path: Path, label: str) -> list[OpCall]:
             node = node.value
         handled.add(id(node))
 
+    def add_mx(node: ast.AST, name: str, call: ast.Call | None) -> None:
+        site = f"{label}:{getattr(node, 'lineno', 0)}"
+        if call is None:
+            calls.append(OpCall(name, None, site, None, (), called=False, library=MX_DRIVING))
+            return
+        starred = any(isinstance(a, ast.Starred) for a in call.args)
+        keywords = tuple(k.arg for k in call.keywords if k.arg is not None)
+        more = any(k.arg is None for k in call.keywords)
+        positional = None if starred else len(call.args)
+        calls.append(OpCall(name, None, site, positional, keywords, more, True, "", MX_DRIVING))
+
     # ast.walk is breadth first: a call is seen before its callee, an outer
     # attribute before the inner ones, so each use is recorded once.
     for node in ast.walk(tree):
         if id(node) in handled:
             continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == MX_DRIVING:
+            for alias in node.names:
+                if alias.name != "*" and not alias.name.startswith("__"):
+                    add_mx(node, alias.name, None)
+            continue
+        mx = aliases.resolve_mx(node.func) if isinstance(node, ast.Call) else None
+        if isinstance(node, ast.Call) and mx:
+            mark(node.func)
+            add_mx(node, mx, node)
+            continue
+        if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
+            mx = aliases.resolve_mx(node)
+            if mx:
+                mark(node)
+                add_mx(node, mx, None)
+                continue
         if isinstance(node, ast.Call):
+            if (
+                # getattr(mx, "f") must find f; with a default it is a feature test.
+                _chain(node.func) == ["getattr"]
+                and len(node.args) == 2
+                and aliases.is_mx_module(node.args[0])
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and not node.args[1].value.startswith("__")
+            ):
+                add_mx(node, node.args[1].value, None)
+                continue
             resolved = aliases.resolve(node.func)
             if resolved is not None:
                 mark(node.func)
@@ -295,6 +420,8 @@ def _scan_file(path: Path, label: str) -> list[OpCall]:
             match = _STRING_REFERENCE.match(node.value)
             if match and _is_op_name(match.group("op")):
                 add(node, match.group("op"), None, None)
+            elif match := _MX_STRING_REFERENCE.match(node.value):
+                add_mx(node, match.group("name"), None)
     return sorted(calls, key=lambda c: (int(c.site.rpartition(":")[2]), c.op))
 
 
