@@ -36,8 +36,8 @@ _KERNELS: dict[str, Callable[..., Any]] = {
 
 
 def _on_npu(tensor: Any) -> bool:
-    device = getattr(tensor, "device", None)
-    return device is not None and device.type == "npu"
+    # ``Tensor.is_npu`` (torch_npu's, and the emulator's, whose NPU tensors live on the CPU).
+    return getattr(tensor, "is_npu", False) is True
 
 
 def _check(source: str, modulated: bool) -> Callable[..., bool]:

@@ -47,7 +47,8 @@ def level_start_index(value_spatial_shapes: Any) -> Any:
 
 
 def _on_npu(*tensors: Any) -> bool:
-    return all(getattr(t, "device", None) is not None and t.device.type == "npu" for t in tensors)
+    # ``Tensor.is_npu`` (torch_npu's, and the emulator's, whose NPU tensors live on the CPU).
+    return all(getattr(t, "is_npu", False) is True for t in tensors)
 
 
 def _mx_kernel(

@@ -119,7 +119,9 @@ def test_msda_module_matches_on_npu(use_source, isolated_patcher):
     from mmcv.ops import MultiScaleDeformableAttention as Attention
 
     torch.manual_seed(0)
-    module = Attention(embed_dims=16, num_heads=2, num_levels=2, num_points=2, batch_first=True)
+    module = Attention(
+        embed_dims=16, num_heads=2, num_levels=2, num_points=2, dropout=0.0, batch_first=True
+    )
     module.init_weights()
     shapes = torch.tensor([[6, 4], [3, 2]])
     keys = int(shapes.prod(1).sum())
@@ -131,7 +133,9 @@ def test_msda_module_matches_on_npu(use_source, isolated_patcher):
         cq, value=cv, reference_points=reference, spatial_shapes=shapes, level_start_index=start
     )
     isolated_patcher.add(MultiScaleDeformableAttention).apply()
-    npu_module = Attention(embed_dims=16, num_heads=2, num_levels=2, num_points=2, batch_first=True)
+    npu_module = Attention(
+        embed_dims=16, num_heads=2, num_levels=2, num_points=2, dropout=0.0, batch_first=True
+    )
     npu_module.load_state_dict(module.state_dict())
     npu_module.to("npu")
     actual = npu_module(
@@ -147,14 +151,14 @@ def test_msda_module_matches_on_npu(use_source, isolated_patcher):
         assert _counters(isolated_patcher, target).replacement_calls == 1
 
 
-def test_msda_leaves_cpu_tensors_to_mmcv(npu_emulator, isolated_patcher, monkeypatch):
-    from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch as original
+def test_msda_leaves_cpu_tensors_to_mmcv(isolated_patcher, monkeypatch):
+    # Without the emulator (no NPU tensor anywhere) every call goes to mmcv's code.
+    from mmcv.ops import multi_scale_deform_attn
 
+    original = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch
     monkeypatch.setenv(kernel_source.VARIABLE, "portable")
     kernel_source.forget_choices()
     isolated_patcher.add(MultiScaleDeformableAttention).apply()
-    from mmcv.ops import multi_scale_deform_attn
-
     value, shapes, locations, weights = _msda_inputs()
     torch.testing.assert_close(
         multi_scale_deform_attn.multi_scale_deformable_attn_pytorch(
@@ -162,6 +166,14 @@ def test_msda_leaves_cpu_tensors_to_mmcv(npu_emulator, isolated_patcher, monkeyp
         ),
         original(value, shapes, locations, weights),
     )
+    start = torch.cat((shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]))
+    with pytest.raises(RuntimeError, match="device cpu not found"):
+        multi_scale_deform_attn.MultiScaleDeformableAttnFunction.apply(
+            value, shapes, start, locations, weights, 64
+        )
+    target = "mmcv.ops.multi_scale_deform_attn:MultiScaleDeformableAttnFunction.apply"
+    counters = isolated_patcher.report.get(target).counters
+    assert (counters.replacement_calls, counters.fallback_calls) == (0, 1)
     kernel_source.forget_choices()
 
 
@@ -240,24 +252,35 @@ def test_modulated_deform_conv_matches_mmcvs_cpu_kernel(use_source, case, isolat
 
 @pytest.mark.parametrize("use_source", _sources("portable"), indirect=True)
 def test_dcn_modules_and_function_apply_are_served(use_source, isolated_patcher):
+    # Under the emulator every CPU tensor counts as an NPU tensor: the references are
+    # computed before the group is applied.
     from mmcv.ops import DeformConv2dPack
     from mmcv.ops import ModulatedDeformConv2dPack
     from mmcv.ops.modulated_deform_conv import ModulatedDeformConv2dFunction
 
     torch.manual_seed(0)
-    isolated_patcher.add(DeformConv).add(ModulatedDeformConv).apply()
+    modules, expected = [], []
     for cls in (DeformConv2dPack, ModulatedDeformConv2dPack):
         module = cls(4, 4, 3, padding=1)
         torch.nn.init.normal_(module.conv_offset.weight, std=0.3)
         x = torch.randn(1, 4, 6, 6)
-        expected = module(x)
-        actual = module.to("npu")(x.to("npu"))
-        torch.testing.assert_close(actual.cpu(), expected, **TOL)
+        modules.append((module, x))
+        expected.append(module(x))
     x, offset, mask, weight, bias, _ = _conv_inputs("3x3", True)
-    expected = ModulatedDeformConv2dFunction.apply(x, offset, mask, weight, bias, 1, 1)
-    actual = ModulatedDeformConv2dFunction.apply(
-        *(t.to("npu") for t in (x, offset, mask, weight, bias)), 1, 1
+    expected.append(ModulatedDeformConv2dFunction.apply(x, offset, mask, weight, bias, 1, 1))
+    isolated_patcher.add(DeformConv).add(ModulatedDeformConv).apply()
+    actual = [module.to("npu")(x.to("npu")) for module, x in modules]
+    actual.append(
+        ModulatedDeformConv2dFunction.apply(
+            *(t.to("npu") for t in (x, offset, mask, weight, bias)), 1, 1
+        )
     )
-    torch.testing.assert_close(actual.cpu(), expected, **TOL)
-    target = "mmcv.ops.modulated_deform_conv:ModulatedDeformConv2dFunction.apply"
-    assert _counters(isolated_patcher, target).replacement_calls == 1
+    for got, want in zip(actual, expected, strict=True):
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+    report = isolated_patcher.report
+    assert report.get("mmcv.ops.deform_conv:deform_conv2d").counters.replacement_calls == 1
+    apply = "mmcv.ops.modulated_deform_conv:ModulatedDeformConv2dFunction.apply"
+    function = "mmcv.ops.modulated_deform_conv:modulated_deform_conv2d"
+    calls = report.get(apply).counters.replacement_calls
+    calls += report.get(function).counters.replacement_calls
+    assert calls == 2  # the Pack module and the direct Function.apply
