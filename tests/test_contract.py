@@ -12,6 +12,7 @@ import ascend_patch_emulator as emulator
 import pytest
 from ascend_patch_emulator import CallRecorder
 from ascend_patch_emulator import OpCall
+from ascend_patch_emulator import available_mx_versions
 from ascend_patch_emulator import available_versions
 from ascend_patch_emulator import check_calls
 from ascend_patch_emulator import check_plugin
@@ -61,6 +62,8 @@ def test_first_party_plugins_keep_their_torch_npu_contract():
         assert (check.root / "plugin.py").is_file()
         # No torch-npu requirement declared yet: every version with data is checked.
         assert check.versions == tuple(ALL)
+        # Their mx_driving calls too, against every mx-driving version with data.
+        assert check.mx_versions == tuple(available_mx_versions())
     mismatches = [m for check in checks.values() for m in check.mismatches]
     assert not mismatches, "\n" + format_mismatches(mismatches)
 
@@ -631,3 +634,148 @@ def test_a_bad_contract_comment_names_its_site(tmp_path):
         ValueError, match=r"fakeplugin: fakeplugin/m\.py:2: contract comment: invalid"
     ):
         check_plugin(root)
+
+
+# --------------------------------------------------------------------------- mx_driving
+
+
+MX = available_mx_versions()[-1]
+
+MX_PLUGIN = """\
+import importlib
+
+import mx_driving
+import mx_driving as mxd
+from mx_driving import DeformConv2dFunction as DCF
+from mx_driving import scatter_add
+from mx_driving import scatter_sum
+
+from . import kernel_source
+
+
+def run(x, i, *rest, **options):
+    mx_driving.multi_scale_deformable_attn(x, x, x, x, x)
+    mxd.scatter_mean(x, i, None, 0, None)
+    scatter_add(x, i)
+    DCF.apply(x, x, x, 1, 0, 1, 1, 1, False, 32)
+    kernel_source.mx_driving().npu_add_relu(x, x)
+    mxd.Voxelization([1, 1, 1], [0] * 6, 5, max_voxels=3)
+    mxd.npu_max_pool2d(x, 3, 2)
+    kernel_source.mx_driving().scatter_max(x, i, None, 0)
+    mxd.multi_scale_deformable_attention(x)
+    scatter_add(x, i, dim=1)
+    mxd.DeformConv2dFunction(x)
+    mxd.Voxelization([1, 1, 1], [0] * 6, 5, max_voxel=3)
+    mxd.scatter_add(*rest, **options)
+    lazy = importlib.import_module("mx_driving")
+    lazy.npu_add_relu(x)
+    getattr(mxd, "npu_nothing")
+    getattr(mxd, "npu_optional", None)
+    return mxd.__file__, mxd.npu_deformable_aggregation
+
+
+REPLACEMENT = "mx_driving:hypot"
+"""
+
+
+def test_mx_driving_uses_are_found_in_every_form(tmp_path):
+    root = write_plugin(tmp_path, {"kernels.py": MX_PLUGIN})
+    calls = [c for c in scan_sources(root) if c.library == "mx_driving"]
+    assert {(c.target, int(c.site.rpartition(":")[2])) for c in calls} == {
+        ("mx_driving.DeformConv2dFunction", 5),
+        ("mx_driving.scatter_add", 6),
+        ("mx_driving.scatter_sum", 7),
+        ("mx_driving.multi_scale_deformable_attn", 13),
+        ("mx_driving.scatter_mean", 14),
+        ("mx_driving.scatter_add", 15),
+        ("mx_driving.DeformConv2dFunction.apply", 16),
+        ("mx_driving.npu_add_relu", 17),
+        ("mx_driving.Voxelization", 18),
+        ("mx_driving.npu_max_pool2d", 19),
+        ("mx_driving.scatter_max", 20),
+        ("mx_driving.multi_scale_deformable_attention", 21),
+        ("mx_driving.scatter_add", 22),
+        ("mx_driving.DeformConv2dFunction", 23),
+        ("mx_driving.Voxelization", 24),
+        ("mx_driving.scatter_add", 25),
+        ("mx_driving.npu_add_relu", 27),
+        ("mx_driving.npu_nothing", 28),
+        ("mx_driving.npu_deformable_aggregation", 30),
+        ("mx_driving.hypot", 33),
+    }
+    by_line = {int(c.site.rpartition(":")[2]): c for c in calls if c.called}
+    assert by_line[16].positional == 10 and by_line[18].keywords == ("max_voxels",)
+    assert by_line[25].positional is None and by_line[25].more_keywords
+
+
+def test_mx_driving_calls_must_name_a_public_op_and_bind_to_its_signature(tmp_path):
+    root = write_plugin(tmp_path, {"kernels.py": MX_PLUGIN})
+    check = check_plugin(root)
+    assert check.mx_versions == (MX,)
+    site = "fakeplugin/kernels.py"
+    assert found(check) == {
+        ("fakeplugin", f"{site}:7", "mx_driving.scatter_sum", MX),
+        ("fakeplugin", f"{site}:19", "mx_driving.npu_max_pool2d", MX),
+        ("fakeplugin", f"{site}:20", "mx_driving.scatter_max", MX),
+        ("fakeplugin", f"{site}:21", "mx_driving.multi_scale_deformable_attention", MX),
+        ("fakeplugin", f"{site}:22", "mx_driving.scatter_add", MX),
+        ("fakeplugin", f"{site}:23", "mx_driving.DeformConv2dFunction", MX),
+        ("fakeplugin", f"{site}:24", "mx_driving.Voxelization", MX),
+        ("fakeplugin", f"{site}:27", "mx_driving.npu_add_relu", MX),
+        ("fakeplugin", f"{site}:28", "mx_driving.npu_nothing", MX),
+    }
+    messages = {m.site.rpartition(":")[2]: m.message for m in check.mismatches}
+    assert all(m.library == "mx_driving" for m in check.mismatches)
+    assert "missing a required argument: 'padding'" in messages["19"]
+    assert "too many positional arguments" in messages["20"]
+    assert "did you mean 'multi_scale_deformable_attn'" in messages["21"]
+    assert "'out' skipped before a keyword through ScatterAddFunction.apply" in messages["22"]
+    assert "autograd Function class: call mx_driving.DeformConv2dFunction.apply" in messages["23"]
+    assert "unexpected keyword argument 'max_voxel'" in messages["24"]
+    assert messages["19"].endswith(f"in mx_driving {MX}")
+    text = format_mismatches(check.mismatches)
+    assert f"{site}:19: mx_driving.npu_max_pool2d: missing a required argument" in text
+    assert text.count(f"[mx_driving {MX}]") == len(check.mismatches)
+
+
+def test_mx_driving_versions_come_from_the_requirement(tmp_path):
+    root = write_plugin(tmp_path, {"kernels.py": "import mx_driving\nmx_driving.hypot(1, 2)\n"})
+    assert check_plugin(root, mx_driving=f"=={MX}").mismatches == ()
+    (problem,) = check_plugin(root, mx_driving=">=99").mismatches
+    assert problem.library == "mx_driving" and "no mx_driving API data matches" in problem.message
+    with pytest.raises(ValueError, match="mx-driving version specifier"):
+        check_plugin(root, mx_driving="nonsense")
+    clean = write_plugin(tmp_path, {"plain.py": "x = 1\n"}, name="plain")
+    assert check_plugin(clean, mx_driving=">=99").mismatches == ()
+
+
+def test_recorded_mx_driving_calls_are_checked(tmp_path, npu_emulator):
+    """A call the scan cannot see (the name is a variable) is caught when it runs."""
+    import torch
+
+    root = write_plugin(
+        tmp_path,
+        {
+            "dynamic.py": """\
+            import mx_driving
+
+            NAME = "scatter_add"
+
+
+            def run(src, index):
+                kernel = getattr(mx_driving, NAME, None)
+                return kernel(src, index, dim=0)
+            """
+        },
+    )
+    namespace: dict[str, object] = {}
+    path = root / "dynamic.py"
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+    missing_out = pytest.raises(TypeError, match="missing required argument: 'out'")
+    with CallRecorder() as recorder, missing_out:
+        namespace["run"](torch.ones(3, device="npu"), torch.zeros(3, dtype=torch.int32))
+    (call,) = [c for c in recorder.calls if c.library == "mx_driving"]
+    assert (call.op, call.positional, call.keywords, call.line) == ("scatter_add", 2, ("dim",), 8)
+    check = check_plugin(root, recorded=recorder.calls)
+    assert found(check) == {("fakeplugin", "fakeplugin/dynamic.py:8", "mx_driving.scatter_add", MX)}
+    assert "'out' skipped before a keyword" in check.mismatches[0].message
