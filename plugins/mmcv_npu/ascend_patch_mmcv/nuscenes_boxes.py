@@ -16,7 +16,7 @@ it. (The DrivingSDK patcher replaced the 1.0 function with the mmdet3d < 1.0 con
 ``-yaw - pi/2`` with unpermuted dims, changing every box it wrote.) Detections the
 original rejects -- a NaN centre or size, an infinite yaw, too few box columns, box
 types it does not convert -- go to the original through ``runtime_check``, so its own
-error is what the user sees.
+error is what the user sees; so do boxes with an infinite centre, which it converts.
 
 The targets, per mmdet3d version (checked from its source):
 
@@ -370,18 +370,20 @@ def _mono_dataset_replacement(original: Callable[..., Any]) -> Callable[..., Any
 
 
 def _convertible(boxes: Any, scores: Any, labels: Any, columns: int) -> bool:
-    """Boxes the original converts without error, with as many scores and labels."""
+    """Finite boxes of enough columns, with as many scores and labels: what the replacement takes.
+
+    Box.__init__ asserts on a NaN centre or size, pyquaternion raises on an infinite
+    yaw: boxes with a non-finite centre, size or yaw go to the original (one check of
+    the tensor, cheaper than recomputing the centres), which raises its own error or,
+    for an infinite but valid centre, converts them itself.
+    """
     tensor = boxes.tensor
     count = len(boxes)
     if tensor.ndim != 2 or tensor.shape[1] < columns or not tensor.dtype.is_floating_point:
         return False
     if scores.ndim != 1 or labels.ndim != 1 or len(scores) < count or len(labels) < count:
         return False
-    # Box.__init__ asserts on a NaN centre or size, pyquaternion raises on an infinite
-    # yaw: such input goes to the original, so the user sees its error.
-    return not bool(
-        boxes.gravity_center.isnan().any() or boxes.dims.isnan().any() or boxes.yaw.isinf().any()
-    )
+    return bool(tensor[:count, :YAW_COLUMNS].isfinite().all())
 
 
 def _metric_check(detection: dict[str, Any]) -> bool:

@@ -148,6 +148,18 @@ def test_what_the_original_rejects_goes_to_it(isolated_patcher: Any) -> None:
     assert counters(isolated_patcher) == (0, len(cases))
 
 
+def test_an_infinite_centre_is_converted_by_the_original(isolated_patcher: Any) -> None:
+    """Valid for the original (Box only asserts on NaN): it converts such boxes itself."""
+    function = patched(isolated_patcher)
+    results = []
+    for convert in (function, ORIGINAL):
+        item = detection(LiDARInstance3DBoxes, 4, 9, 2)
+        item["bboxes_3d"].tensor[0, 0] = float("inf")
+        results.append(convert(item)[0])
+    assert_same_boxes(*results)
+    assert counters(isolated_patcher) == (0, 1)
+
+
 def test_revert_puts_the_original_back(isolated_patcher: Any) -> None:
     patched(isolated_patcher)
     isolated_patcher.revert()
