@@ -65,7 +65,7 @@ def ensure_active(name: str) -> None:
         )
 
 
-class MxFunction(torch.autograd.Function):
+class MxFunction(torch.autograd.Function):  # type: ignore[misc]
     """Base of the emulated autograd Functions: ``apply`` checks and reports the call."""
 
     @classmethod
@@ -76,7 +76,7 @@ class MxFunction(torch.autograd.Function):
 
 def raw_apply(function: type[MxFunction], *args: Any) -> Any:
     """``function.apply(*args)`` without reporting it (a kernel calling its own Function)."""
-    return super(MxFunction, function).apply(*args)
+    return super(MxFunction, function).apply(*args)  # type: ignore[misc]
 
 
 def applier(name: str, function: type[MxFunction]) -> Callable[..., Any]:
@@ -88,7 +88,7 @@ def applier(name: str, function: type[MxFunction]) -> Callable[..., Any]:
 
     def apply(*args: Any, **kwargs: Any) -> Any:
         called(name, args, kwargs)
-        return super(MxFunction, function).apply(*args, **kwargs)
+        return super(MxFunction, function).apply(*args, **kwargs)  # type: ignore[misc]
 
     apply.__name__ = apply.__qualname__ = name
     apply.__doc__ = f"mx_driving.{name} = {function.__name__}.apply (emulated on CPU)."

@@ -112,7 +112,7 @@ class _Voxelization(MxFunction):
         )
 
 
-class Voxelization(nn.Module):
+class Voxelization(nn.Module):  # type: ignore[misc]
     """``mx_driving.Voxelization``: ``max_voxels`` is one number or (training, testing)."""
 
     def __init__(
