@@ -15,7 +15,13 @@ from ascend_patch_core import AtomicPatch
 from ascend_patch_core import Patch
 
 
-__all__ = ["GROUPS", "DeformConv", "ModulatedDeformConv", "MultiScaleDeformableAttention"]
+__all__ = [
+    "GROUPS",
+    "DeformConv",
+    "ModulatedDeformConv",
+    "MultiScaleDeformableAttention",
+    "SigmoidFocalLoss",
+]
 
 # mmcv with ops: 1.7 (mmcv-full, or mmcv built with ops) and 2.0-2.2 (2.2 for the NPU
 # stacks that need it). mmcv-lite has no mmcv.ops of its own until an ``mmcv._ext``
@@ -68,5 +74,26 @@ class ModulatedDeformConv(Patch):
         return modulated_deform_conv_patches(options)
 
 
+class SigmoidFocalLoss(Patch):
+    """mmcv's sigmoid focal loss on NPU tensors: DrivingSDK's kernel when it is installed.
+
+    Without mx_driving it installs nothing (mmcv's NPU build has its own kernel); see
+    :mod:`ascend_patch_mmcv.focal_loss`.
+    """
+
+    requires = (MMCV_WITH_OPS, "torch>=2.1")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .focal_loss import sigmoid_focal_loss_patches
+
+        return sigmoid_focal_loss_patches(options)
+
+
 #: The groups of this module, in the order the plugin registers them.
-GROUPS: tuple[type[Patch], ...] = (MultiScaleDeformableAttention, DeformConv, ModulatedDeformConv)
+GROUPS: tuple[type[Patch], ...] = (
+    MultiScaleDeformableAttention,
+    DeformConv,
+    ModulatedDeformConv,
+    SigmoidFocalLoss,
+)
