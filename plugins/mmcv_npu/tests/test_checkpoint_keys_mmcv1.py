@@ -8,22 +8,26 @@ with mmcv 1.7.2 (nox -s openmmlab1_emulated), rebuilds every case with mmcv 1.7.
 checks that the file still holds exactly what mmcv 1.7.2 builds and computes, so the
 fixture is evidence and not a guess. Rebuild it with::
 
-    python plugins/mmcv_npu/tests/test_checkpoint_keys_mmcv1.py  # under mmcv 1.7.2
+    python plugins/mmcv_npu/tests/test_checkpoint_keys_mmcv1.py  # under mmcv 1.7.2 (both files)
 
-Test-only stand-ins (mmcv 1.7.2 without compiled ops): ``torchvision`` (mmcv.runner,
-imported by mmcv.cnn, needs it; it has no CPU build for this torch) and ``mmcv._ext``
-(``mmcv.ops`` loads it at import; the layers used here build plain ``nn.Linear`` and
-run mmcv's pure-PyTorch deformable attention on CPU, so no kernel is ever called).
+It also checks ``checkpoint_keys_mmcv172_layers.json``: the state-dict keys and shapes
+of mmcv's parametrised layers under 1.7.2 (see checkpoint_keys_layers.py).
+
+Test-only stand-ins (mmcv 1.7.2 without compiled ops): ``torchvision`` and
+``mmcv._ext`` (checkpoint_keys_layers.mmcv1_stand_ins); the layers used here run
+mmcv's pure-PyTorch deformable attention on CPU, so no kernel is ever called.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
-import types
+import json
 from pathlib import Path
 from typing import Any
 
+from checkpoint_keys_layers import LAYERS_FIXTURE
+from checkpoint_keys_layers import layer_keys
+from checkpoint_keys_layers import mmcv1_stand_ins
 from mmcv_stacks import require_module
 from mmcv_stacks import require_stack
 
@@ -35,45 +39,6 @@ FIXTURE = Path(__file__).resolve().parent / "checkpoint_keys_mmcv172.pth"
 
 EMBED, HEADS, HIDDEN, QUERIES, BATCH = 8, 2, 16, 5, 2
 LEVELS, POINTS, SHAPES = 2, 2, ((4, 4), (2, 2))
-
-
-def _install_stand_ins() -> list[str]:
-    """torchvision and mmcv._ext stand-ins (see the module docstring); never a real one replaced.
-
-    Returns the modules to forget afterwards: the ``mmcv._ext`` stand-in and the
-    ``mmcv.ops`` it let import, so that other tests of the session see mmcv 1.7.2 as
-    installed (torchvision's stand-in stays, as in the training kit's mmcv 1.x tests).
-    """
-    if "torchvision" not in sys.modules:
-        torchvision = types.ModuleType("torchvision")
-        torchvision.__version__ = "0.0.0+stand-in"  # type: ignore[attr-defined]
-        torchvision.__path__ = []  # type: ignore[attr-defined]
-        sys.modules["torchvision"] = torchvision
-    if "mmcv._ext" not in sys.modules:
-        ext = types.ModuleType("mmcv._ext")
-
-        def kernel(name: str) -> Any:
-            if name.startswith("__"):
-                raise AttributeError(name)
-
-            def absent(*args: Any, **kwargs: Any) -> Any:
-                raise RuntimeError(f"test stand-in mmcv._ext has no kernel {name}")
-
-            return absent
-
-        ext.__getattr__ = kernel  # type: ignore[attr-defined]
-        sys.modules["mmcv._ext"] = ext
-        return ["mmcv._ext", "mmcv.ops"]
-    return []
-
-
-def _forget(prefixes: list[str], before: set[str]) -> None:
-    for name in [n for n in sys.modules if n not in before]:
-        if any(name == p or name.startswith(p + ".") for p in prefixes):
-            del sys.modules[name]
-    mmcv = sys.modules.get("mmcv")
-    if "mmcv.ops" in prefixes and mmcv is not None and "mmcv.ops" not in before:
-        vars(mmcv).pop("ops", None)
 
 
 def _ffn(transformer: Any) -> dict[str, Any]:
@@ -183,9 +148,7 @@ def _deformable_decoder_layer(transformer: Any) -> dict[str, Any]:
 def build_cases() -> dict[str, Any]:
     """Every case, built and run by the mmcv 1.x installed here (once: mmcv.ops registers
     its layers with mmcv's registries on import, and a second import would clash)."""
-    before = set(sys.modules)
-    forget = _install_stand_ins()
-    try:
+    with mmcv1_stand_ins():
         import mmcv
         import mmcv.ops.multi_scale_deform_attn  # registers the attention with mmcv's registry
         from mmcv.cnn.bricks import transformer
@@ -197,14 +160,19 @@ def build_cases() -> dict[str, Any]:
             "detr_decoder_layer": _detr_decoder_layer(transformer),
             "deformable_decoder_layer": _deformable_decoder_layer(transformer),
         }
-    finally:
-        _forget(forget, before)
-    return {"mmcv": mmcv.__version__, "torch": str(torch.__version__), "cases": cases}
+        keys = layer_keys()
+    return {
+        "mmcv": mmcv.__version__,
+        "torch": str(torch.__version__),
+        "cases": cases,
+        "layer_keys": keys,
+    }
 
 
 def test_fixture_is_what_mmcv_1_7_2_builds_and_computes() -> None:
     saved = torch.load(FIXTURE, weights_only=True)
-    built = build_cases()
+    built = dict(build_cases())
+    built.pop("layer_keys")
     assert saved["mmcv"] == built["mmcv"] == "1.7.2"
     assert saved["cases"].keys() == built["cases"].keys()
     for name, case in built["cases"].items():
@@ -229,6 +197,16 @@ def test_mmcv1_ffn_registers_its_activation_twice() -> None:
     )
 
 
+def test_layer_keys_fixture_is_what_mmcv_1_7_2_builds() -> None:
+    """The keys and shapes of mmcv's layers under 1.7.2; test_checkpoint_keys_ops.py
+    compares them with mmcv 2.x."""
+    assert json.loads(LAYERS_FIXTURE.read_text()) == build_cases()["layer_keys"]
+
+
 if __name__ == "__main__":
-    torch.save(build_cases(), FIXTURE)
-    print(f"wrote {FIXTURE}")
+    built = dict(build_cases())
+    keys = built.pop("layer_keys")
+    rows = ",\n".join(f"  {json.dumps(n)}: {json.dumps(k)}" for n, k in keys["layers"].items())
+    LAYERS_FIXTURE.write_text(f'{{"mmcv": {json.dumps(keys["mmcv"])}, "layers": {{\n{rows}\n}}}}\n')
+    torch.save(built, FIXTURE)
+    print(f"wrote {FIXTURE} and {LAYERS_FIXTURE}")

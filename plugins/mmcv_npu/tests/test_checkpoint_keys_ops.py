@@ -9,11 +9,14 @@ where mmcv 2.x has its compiled ops (nox -s openmmlab_cpu_ops).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
+from checkpoint_keys_layers import LAYERS_FIXTURE
+from checkpoint_keys_layers import layer_keys
 from mmcv_stacks import require_module
 from mmcv_stacks import require_stack
 
@@ -23,6 +26,7 @@ require_stack("mmdet")
 torch = require_module("torch", "mmcv-ops")
 layers = require_module("mmdet.models.layers.transformer", "mmdet")
 
+from ascend_patch_mmcv.checkpoint_keys import DUPLICATES  # noqa: E402
 from ascend_patch_mmcv.groups_checkpoint import MmcvCheckpointKeys  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 
@@ -35,6 +39,25 @@ MHA_CFG = dict(embed_dims=EMBED, num_heads=HEADS)
 MSDA_CFG = dict(embed_dims=EMBED, num_heads=HEADS, num_levels=LEVELS, num_points=POINTS)
 LOGGER = logging.getLogger("test_checkpoint_keys_ops")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # same arithmetic, possibly in another order
+
+
+def test_mmcv_layers_keep_their_1x_keys_but_for_the_known_duplicates() -> None:
+    """mmcv 1.7.2 -> 2.x, every parametrised layer of checkpoint_keys_layers.LAYERS: same keys
+    and shapes, except keys that DUPLICATES drops (the 1.x FFN's activate)."""
+    old = json.loads(LAYERS_FIXTURE.read_text())
+    new = layer_keys()
+    assert old["mmcv"] == "1.7.2" and new["mmcv"].startswith("2.")
+    explained = []
+    for name, old_keys in old["layers"].items():
+        new_keys = new["layers"][name]
+        assert set(new_keys) <= set(old_keys), (name, set(new_keys) - set(old_keys))
+        for key, shape in new_keys.items():
+            assert old_keys[key] == shape, (name, key)
+        for key in set(old_keys) - set(new_keys):
+            twins = [key.replace(rule.old, rule.kept, 1) for rule in DUPLICATES if rule.old in key]
+            assert any(twin in new_keys for twin in twins), (name, key)
+            explained.append(f"{name}: {key}")
+    assert explained == ["FFN(PReLU): activate.weight"]
 
 
 def batch_first(tensor: Any) -> Any:
