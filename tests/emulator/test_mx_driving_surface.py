@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -272,15 +273,30 @@ def test_the_generator_reads_kinds_and_signatures_without_importing(tmp_path):
     assert check.returncode == 0 and "up to date" in check.stdout
 
 
-def test_the_committed_data_matches_the_wheel_when_it_is_cached():
-    cache = Path(__import__("tempfile").gettempdir()) / "ascend-patch-wheels"
-    if not sorted(cache.glob(f"mx_driving-{VERSION}-cp311-*.whl")):
-        pytest.skip(f"the mx-driving {VERSION} wheel is not in {cache} (no download in tests)")
+_OFFLINE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution|"
+    r"Name or service not known|Network is unreachable|ConnectTimeout|Read timed out|"
+    r"ProxyError|Max retries exceeded|No route to host|Connection refused"
+)
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_regenerating_from_the_wheel_reproduces_the_committed_data():
+    """Download the wheel (7.7 MB; cached in the temp folder) and compare, byte for byte."""
     script = ROOT / "tools" / "mx_driving_signatures.py"
     result = subprocess.run(
-        [sys.executable, str(script), VERSION, "--check"], capture_output=True, text=True
+        [sys.executable, str(script), VERSION, "--check"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    offline = _OFFLINE.search(output)
+    if result.returncode != 0 and offline:
+        pytest.skip(f"PyPI is unreachable (pip: {offline.group(0)})")
+    assert result.returncode == 0, output
+    assert "up to date" in result.stdout
 
 
 def test_deactivate_is_idempotent_here():
