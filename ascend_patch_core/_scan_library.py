@@ -36,9 +36,11 @@ class Definition(NamedTuple):
     name: str
     #: "same" (the very object, named where it is defined), "constructor" (``__init__``
     #: or ``__new__`` of a base class, which constructing the class runs), "delegate"
-    #: (what a function that only forwards calls) or "base" (a base class: only a patch
-    #: of that class itself, or of what contains it, counts -- not one of a method it
-    #: lends to every subclass).
+    #: (what a function that only forwards calls), "calls" (a function or class of the
+    #: class's own module that its methods call: ``DeformConv2d.forward`` calls
+    #: ``deform_conv2d``, so patching that serves the class) or "base" (a base class:
+    #: only a patch of that class itself, or of what contains it, counts -- not one of a
+    #: method it lends to every subclass).
     role: str = "same"
 
 
@@ -250,6 +252,8 @@ class LibrarySource:
             return out
         # The class itself. Constructing it runs its bases' constructors too.
         out = [Definition(qualname)]
+        if info is not None:
+            out += [Definition(f"{module}.{name}", "calls") for name in _module_calls(info, node)]
         for base in filter(None, bases):
             for found in self._follow(base.split("."), depth + 1, seen):
                 if found.role == "same":
@@ -358,6 +362,21 @@ def _delegated(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[ast.expr, 
     inner = {id(n.value) for n in nodes if isinstance(n, ast.Attribute)}
     return tuple(
         n for n in nodes if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inner
+    )
+
+
+def _module_calls(module: _Module, node: ast.ClassDef) -> list[str]:
+    """Names of ``module``'s own functions and classes that the class's body uses.
+
+    Only what the module itself defines (``def``, ``class``, ``name = expression``),
+    not what it imports: the class's work happens there, in the same file.
+    """
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return sorted(
+        name
+        for name in used
+        if name != node.name
+        and any(b.kind in ("def", "class", "expr") for b in module.bindings.get(name, ()))
     )
 
 

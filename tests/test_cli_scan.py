@@ -692,6 +692,87 @@ def test_names_are_followed_into_the_library_that_defines_them(tmp_path: Path) -
     assert not (tmp_path / "imported").exists()
 
 
+OPS_LIBRARY = {
+    "mmcv/__init__.py": "",
+    "mmcv/ops/__init__.py": "from .deform import DeformLayer\nfrom .other import OtherLayer\n",
+    "mmcv/ops/deform.py": """
+        import torch
+
+
+        class _Function(torch.autograd.Function):
+            pass
+
+
+        deform = _Function.apply
+
+
+        class DeformLayer(torch.nn.Module):
+            def forward(self, x):
+                return deform(x, torch.zeros(1))
+        """,
+    "mmcv/ops/other.py": """
+        import torch
+
+
+        def kernel(x):
+            return x
+
+
+        class OtherLayer(torch.nn.Module):
+            def forward(self, x):
+                return torch.relu(x)
+        """,
+    "apx_ops_plugin.py": """
+        from ascend_patch_core import AtomicPatch, hookimpl
+
+
+        @hookimpl
+        def register_patches():
+            return [AtomicPatch("mmcv.ops.deform:deform", lambda *a: a[0])]
+        """,
+}
+
+
+def test_a_class_is_covered_by_the_patch_of_what_its_methods_call(tmp_path: Path) -> None:
+    """``DeformLayer.forward`` calls its module's ``deform``: patching that serves the
+    class, so importing the class is covered; a class of another module whose methods
+    call nothing patched is not (nor by the patch of a function it does not call)."""
+    site = tmp_path / "site"
+    for name, source in OPS_LIBRARY.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(textwrap.dedent(source))
+    info = site / "apx_ops_plugin-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: apx-ops-plugin\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[ascend_patch]\napx_ops = apx_ops_plugin\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "use.py").write_text(
+        "from mmcv.ops import DeformLayer\nfrom mmcv.ops.other import OtherLayer\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
+    env.update(
+        PYTHONPATH=str(site),
+        ASCEND_PATCH_CACHE_DIR=str(tmp_path / "cache"),
+        ASCEND_PATCH_PLUGINS="apx_ops",
+    )
+    done = subprocess.run(
+        [*_cli_command(), "scan", "--json", str(code)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    verdicts = {
+        f["line"]: [c["target"] for c in f["covered_by"]] if f["covered"] else None
+        for f in json.loads(done.stdout)["findings"]
+        if f["rule"] == "cuda-import"
+    }
+    assert verdicts == {1: ["mmcv.ops.deform.deform"], 2: None}
+
+
 # ---------------------------------------------------------------------------- files that are not files
 
 
