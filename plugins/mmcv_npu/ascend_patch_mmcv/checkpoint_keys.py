@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import logging
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
@@ -101,6 +102,9 @@ LIST_RENAMES: tuple[ListRename, ...] = (
     ListRename("transformer layer", "attentions", ("self_attn", "cross_attn")),
     ListRename("transformer layer", "ffns", ("ffn",)),
 )
+
+
+_RULES: tuple[DuplicateKey | ListRename, ...] = (*DUPLICATES, *LIST_RENAMES)
 
 
 @dataclasses.dataclass
@@ -221,7 +225,7 @@ def _entries(
     A key is cut at the first ``.<old_list>.<index>.`` whose layer holds one of the
     rule's new names in the model.
     """
-    layers_with_names = set()
+    layers_with_names: set[str] = set()
     for key in expected:
         parts = key.split(".")
         layers_with_names.update(
@@ -334,13 +338,15 @@ def remap_old_layout(
     _rename_lists(keys, expected, list_renames, done)
     if not (done.renamed or done.dropped):
         return state_dict, done
-    metadata = getattr(state_dict, "_metadata", None)
+    remapped: Any
     try:
-        remapped = type(state_dict)(keys)
-    except TypeError:
-        remapped = dict(keys)
-    metadata = _moved_metadata(metadata, done.moved)
+        remapped = type(state_dict)(keys)  # type: ignore[call-arg]
+    except Exception:  # a mapping type that cannot be built from a dict
+        remapped = OrderedDict(keys)
+    metadata = _moved_metadata(getattr(state_dict, "_metadata", None), done.moved)
     if metadata is not None:
+        if not hasattr(remapped, "__dict__"):  # a plain dict takes no attribute
+            remapped = OrderedDict(remapped)
         remapped._metadata = metadata
     return remapped, done
 
@@ -374,5 +380,5 @@ def checkpoint_key_patches(options: Any = None) -> Iterator[AtomicPatch]:
         TARGET,
         target_wrapper=with_old_layout_keys,
         aliases=ALIASES,
-        note="rules: " + ", ".join(sorted({r.family for r in (*DUPLICATES, *LIST_RENAMES)})),
+        note="rules: " + ", ".join(sorted({rule.family for rule in _RULES})),
     )
