@@ -405,3 +405,55 @@ def test_voxelization_module_uses_training_and_testing_caps(mx):
 def test_dynamic_voxelization_says_it_has_no_kernel(mx):
     with pytest.raises(NotImplementedError, match="dynamic voxelization"):
         mx.voxelization(torch.rand(5, 3), [1.0, 1.0, 1.0], [0, 0, 0, 4, 4, 4])
+
+
+# --------------------------------------------------------------------------- focal loss
+
+
+def naive_focal_loss(logit, target, gamma, alpha, weight):
+    """mmcv's sigmoid focal loss element by element, with ``math``."""
+    rows, classes = logit.shape
+    out = torch.zeros(rows, classes, dtype=torch.float64)
+    for n in range(rows):
+        for c in range(classes):
+            p = 1 / (1 + math.exp(-float(logit[n, c])))
+            if int(target[n]) == c:
+                value = -alpha * (1 - p) ** gamma * math.log(p)
+            else:
+                value = -(1 - alpha) * p**gamma * math.log(1 - p)
+            if weight is not None and int(target[n]) < classes:
+                value *= float(weight[int(target[n])])
+            out[n, c] = value
+    return out
+
+
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_sigmoid_focal_loss_matches_the_formula_with_gradients(mx, with_weight):
+    g = _generator(12)
+    logit = torch.randn(5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([0, 2, 3, 1, 2])  # 3 = background
+    weight = torch.rand(3, generator=g, dtype=torch.float64) + 0.5 if with_weight else None
+    expected = naive_focal_loss(logit.detach(), target, 1.5, 0.3, weight)
+    none = mx.sigmoid_focal_loss(logit, target, 1.5, 0.3, weight, "none")
+    torch.testing.assert_close(none, expected)
+    torch.testing.assert_close(
+        mx.sigmoid_focal_loss(logit, target, 1.5, 0.3, weight, "sum"), expected.sum()
+    )
+    torch.testing.assert_close(
+        mx.sigmoid_focal_loss(logit, target, 1.5, 0.3, weight, "mean"), expected.sum() / 5
+    )
+    for reduction in ("none", "mean"):
+        assert torch.autograd.gradcheck(
+            lambda x, r=reduction: mx.sigmoid_focal_loss(x, target, 1.5, 0.3, weight, r),
+            (logit,),
+        )
+    single = mx.sigmoid_focal_loss(logit.detach().float(), target)
+    assert single.dtype == torch.float32 and single.dim() == 0
+
+
+def test_sigmoid_focal_loss_checks_its_arguments_as_the_wheel(mx):
+    logit = torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match="int64"):
+        mx.sigmoid_focal_loss(logit, torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="reduction"):
+        mx.sigmoid_focal_loss(logit, torch.zeros(4, dtype=torch.long), 2.0, 0.25, None, "avg")

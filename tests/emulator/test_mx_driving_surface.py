@@ -45,6 +45,7 @@ CALLED_BY_PLUGINS = {
     "scatter_max",
     "voxelization",
     "Voxelization",
+    "sigmoid_focal_loss",
 }
 
 

@@ -43,7 +43,7 @@ __all__ = [
 #: The library name calls are recorded under (the contract check's ``mx_driving``).
 LIBRARY = "mx_driving"
 #: The family modules, imported by :func:`implementations`.
-_FAMILIES = ("msda", "deform", "elementwise", "scatter", "voxel")
+_FAMILIES = ("msda", "deform", "elementwise", "scatter", "voxel", "losses")
 
 
 def called(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
