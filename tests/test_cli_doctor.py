@@ -587,3 +587,68 @@ def test_an_import_failure_names_the_plugin_file_where_it_happened(
             assert f"({expected})" in plugin["reason"]
     broken = [m for m in findings(result, "plugin-broken") if "apx_fail_dep" in m]
     assert broken and str(site / "apx_fail_dep.py") in broken[0]
+
+
+NOTED_PLUGIN = """
+    from ascend_patch_core import AtomicPatch, Patch, hookimpl
+
+
+    class FastKernel(Patch):
+        @classmethod
+        def patches(cls, options=None):
+            return [
+                AtomicPatch("apx_doc_lib.f", "apx_noted:fast", note="kernel: portable"),
+                AtomicPatch("apx_doc_lib.g", "apx_noted:fast", note="kernel: portable"),
+            ]
+
+
+    class NotHere(Patch):
+        requires = "apx-doc-lib>=9"
+        opt_in = True
+
+        @classmethod
+        def patches(cls, options=None):
+            return [AtomicPatch("apx_doc_lib.f", "apx_noted:fast", name="NotHere.f")]
+
+
+    def fast(*args):
+        return "fast"
+
+
+    @hookimpl
+    def register_patches():
+        return [FastKernel, NotHere]
+    """
+
+
+def test_groups_with_their_applicability_and_notes(tmp_path: Path) -> None:
+    """doctor lists each group of each plugin: default or opt-in, how many of its patches
+    apply here, why the others do not, and what its patches note (an op's kernel)."""
+    root = tmp_path / "site"
+    root.mkdir()
+    write_dist(
+        root,
+        "apx-noted",
+        "0.1.0",
+        {"apx_noted.py": NOTED_PLUGIN},
+        {"ascend_patch": {"apx_noted": "apx_noted"}},
+    )
+    write_dist(root, "apx-doc-lib", "1.0", {"apx_doc_lib.py": DOC_LIB})
+    env = clean_env(tmp_path, root, ASCEND_PATCH_PLUGINS="apx_noted")
+
+    _, result = doctor(tmp_path, env, "--json")
+    (plugin,) = [p for p in result["plugins"] if p["name"] == "apx_noted"]
+    groups = {g["name"]: g for g in plugin["groups"]}
+    fast, absent = groups["FastKernel"], groups["NotHere"]
+    assert (fast["default"], fast["patches"], fast["applicable"]) == (True, 2, 2)
+    assert fast["notes"] == ["kernel: portable"] and fast["reason"] is None
+    assert (absent["default"], absent["patches"], absent["applicable"]) == (False, 1, 0)
+    assert "apx-doc-lib>=9" in absent["reason"]
+    assert [p["note"] for p in plugin["patches"]] == ["kernel: portable", "kernel: portable", None]
+
+    _, text = doctor(tmp_path, env)
+    rows = {line.split()[1]: line for line in text.split("Groups\n", 1)[1].splitlines()[:2]}
+    assert rows["FastKernel"].split()[2:5] == ["default", "applies", "2/2"]
+    assert rows["FastKernel"].endswith("kernel: portable")
+    assert rows["NotHere"].split()[2:5] == ["opt-in", "no", "0/1"]
+    assert not (tmp_path / "apx_doc_lib-was-imported").exists()

@@ -702,3 +702,26 @@ def test_docs_quote_no_patch_count_without_saying_where_it_comes_from(page: str)
     for paragraph in prose.split("\n\n"):
         if re.search(r"\b\d+ (patches|个补丁)\b", paragraph):
             assert "ascend-patch doctor" in " ".join(paragraph.split()), paragraph
+
+
+def test_a_patch_note_reaches_the_record_the_json_and_the_table():
+    import types
+
+    module = types.ModuleType("apx_noted_target")
+    module.f = lambda: "original"
+    sys.modules["apx_noted_target"] = module
+    try:
+        patcher = Patcher()
+        patcher.add(AtomicPatch("apx_noted_target:f", lambda: "fast", note="kernel: portable"))
+        report = patcher.apply()
+        try:
+            record = report.get("apx_noted_target:f")
+            assert record.note == "kernel: portable"
+            assert record.as_dict()["note"] == "kernel: portable"
+            assert "apx_noted_target:f  (kernel: portable)" in report.table()
+        finally:
+            patcher.revert()
+    finally:
+        del sys.modules["apx_noted_target"]
+    with pytest.raises(PatchDefinitionError, match="note must be a string"):
+        AtomicPatch("apx_noted_target:f", lambda: 1, note=3)
