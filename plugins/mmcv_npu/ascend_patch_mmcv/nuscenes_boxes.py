@@ -31,6 +31,7 @@ The targets, per mmdet3d version (checked from its source):
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 import sys
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
+import numpy as np  # type: ignore[import-not-found]  # (no numpy in the typecheck env)
 
 from ascend_patch_core import AtomicPatch
 
@@ -125,7 +126,7 @@ def camera_quaternions(box_yaw: np.ndarray, quaternion_class: type | None = None
     zeros is ``+0.0`` as in pyquaternion's ``np.dot``.
     """
     if quaternion_class is None:
-        from pyquaternion import Quaternion as quaternion_class
+        quaternion_class = importlib.import_module("pyquaternion").Quaternion
     turn = _camera_turn(quaternion_class)
     products: np.ndarray = yaw_quaternions(-np.asarray(box_yaw).reshape(-1)) @ turn.T
     return products
