@@ -156,13 +156,9 @@ def expected_shapes(
     torch = sys.modules["torch"]
     base_extra_state = torch.nn.Module.get_extra_state
     shapes: dict[str, tuple[int, ...] | None] = {}
-    seen: set[tuple[int, str]] = set()
 
     def visit(child: Any, prefix: str) -> None:
         child = _unwrap(child, is_wrapper)
-        if (id(child), prefix) in seen:
-            return
-        seen.add((id(child), prefix))
         for name, parameter in child._parameters.items():
             if parameter is not None:
                 lazy = torch.nn.parameter.is_lazy(parameter)
