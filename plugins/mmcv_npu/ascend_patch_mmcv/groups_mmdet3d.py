@@ -25,6 +25,7 @@ class NuScenesDataset(Patch):
     (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
     """
 
+    legacy_name = "nuscenes_dataset"
     # The function lives in these modules from 1.0.0rc0 (the coordinate-system refactor)
     # to 1.0.0rc6; mmdet3d 1.1 moved it to the metric (NuScenesMetric). Before 1.0 it
     # had another box convention, which this group does not reproduce.
@@ -45,6 +46,7 @@ class NuScenesMetric(Patch):
     (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
     """
 
+    legacy_name = "nuscenes_metric"
     # Checked identical in 1.1.0 and 1.4.0; the 1.1.0rc pre-releases are not covered.
     requires = ("mmdet3d>=1.1.0,<1.5",)
 

@@ -175,6 +175,28 @@ def test_dataset_group_is_reported_as_not_for_this_mmdet3d(isolated_patcher: Any
     assert "1.4.0" in record.reason
 
 
+def test_the_1_0_names_build_the_groups() -> None:
+    """A DrivingSDK-patcher 1.0 script: ``Patch(nuscenes_metric)`` in a ``PatcherBuilder``."""
+    from ascend_patch_core import Patch
+    from ascend_patch_core import PatcherBuilder
+    from ascend_patch_core import nuscenes_dataset
+    from ascend_patch_core import nuscenes_metric as legacy_metric
+
+    assert nuscenes_dataset.__ascend_patch_group__ is NuScenesDataset
+    assert legacy_metric.__ascend_patch_group__ is NuScenesMetric
+    builder = PatcherBuilder().add_module_patch(
+        "mmdet3d", Patch(legacy_metric), Patch(nuscenes_dataset)
+    )
+    patcher = builder.build()
+    try:
+        patcher.apply()
+        assert patcher.report.get(TARGET).status is Status.APPLIED
+        assert nuscenes_metric.output_to_nusc_box is not ORIGINAL
+    finally:
+        patcher.revert()
+    assert nuscenes_metric.output_to_nusc_box is ORIGINAL
+
+
 def nuscenes_infos(path: Path, frames: int) -> None:
     """An annotation file with what ``_format_lidar_bbox`` reads: token and two poses."""
     infos = []
