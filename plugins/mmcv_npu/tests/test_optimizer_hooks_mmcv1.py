@@ -114,6 +114,7 @@ def train_one_epoch(tmp_path: Path, optimizer_type: type, hook: dict[str, Any]) 
         work_dir=str(tmp_path / "work"),
         logger=logging.getLogger("mmcv-optimizer-hooks-test"),
         max_epochs=1,
+        meta={},  # as mmdet passes it; the fp16 hooks keep their loss scaler there
     )
     runner.register_optimizer_hook(dict(hook))
     norms = GradNorms()
@@ -132,6 +133,14 @@ HOOKS = {
     "GradientCumulativeOptimizerHook": {
         "type": "GradientCumulativeOptimizerHook",
         "cumulative_iters": 2,
+    },
+    # torch >= 1.6: mmcv's fp16 hooks use torch's GradScaler (inactive on the host, so
+    # the loss is not scaled here) and call clip_grads after unscaling.
+    "Fp16OptimizerHook": {"type": "Fp16OptimizerHook", "loss_scale": 512.0},
+    "GradientCumulativeFp16OptimizerHook": {
+        "type": "GradientCumulativeFp16OptimizerHook",
+        "cumulative_iters": 2,
+        "loss_scale": 512.0,
     },
 }
 
