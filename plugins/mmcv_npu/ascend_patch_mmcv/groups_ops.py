@@ -21,6 +21,7 @@ __all__ = [
     "ModulatedDeformConv",
     "MultiScaleDeformableAttention",
     "SigmoidFocalLoss",
+    "Voxelization",
 ]
 
 # mmcv with ops: 1.7 (mmcv-full, or mmcv built with ops) and 2.0-2.2 (2.2 for the NPU
@@ -90,10 +91,28 @@ class SigmoidFocalLoss(Patch):
         return sigmoid_focal_loss_patches(options)
 
 
+class Voxelization(Patch):
+    """mmcv's hard voxelization on NPU points: DrivingSDK's kernel (opt-in).
+
+    See :mod:`ascend_patch_mmcv.voxelization`; without mx_driving it installs nothing.
+    """
+
+    legacy_name = "voxelization"
+    opt_in = True
+    requires = (MMCV_WITH_OPS, "torch>=2.1")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .voxelization import voxelization_patches
+
+        return voxelization_patches(options)
+
+
 #: The groups of this module, in the order the plugin registers them.
 GROUPS: tuple[type[Patch], ...] = (
     MultiScaleDeformableAttention,
     DeformConv,
     ModulatedDeformConv,
     SigmoidFocalLoss,
+    Voxelization,
 )
