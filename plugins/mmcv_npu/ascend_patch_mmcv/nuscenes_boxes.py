@@ -1,4 +1,4 @@
-"""NuScenesDataset, NuScenesMetric: mmdet3d's ``output_to_nusc_box`` without an object per step.
+"""NuScenesDataset, NuScenesMetric: mmdet3d's ``output_to_nusc_box``, a frame at a time.
 
 mmdet3d converts each frame's detections into nuScenes ``Box`` es before writing the
 submission file: a Python loop that builds, per detection, a pyquaternion ``Quaternion``
