@@ -8,6 +8,7 @@ import torch
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.utils import register_all_modules
+from mmengine.config import ConfigDict
 from mmengine.structures import InstanceData
 
 
@@ -80,7 +81,7 @@ cfg = dict(
     ),
     test_cfg=dict(max_per_img=10),
 )
-model = MODELS.build(cfg).cuda()
+model = MODELS.build(ConfigDict(cfg)).cuda()
 model.init_weights()
 
 

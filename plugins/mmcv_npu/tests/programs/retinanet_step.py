@@ -8,6 +8,7 @@ import torch
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.utils import register_all_modules
+from mmengine.config import ConfigDict
 from mmengine.structures import InstanceData
 
 
@@ -72,7 +73,7 @@ cfg = dict(
         max_per_img=20,
     ),
 )
-model = MODELS.build(cfg).cuda()
+model = MODELS.build(ConfigDict(cfg)).cuda()
 model.init_weights()
 
 
