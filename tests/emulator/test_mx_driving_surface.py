@@ -305,3 +305,19 @@ def test_deactivate_is_idempotent_here():
     if not is_active():
         deactivate()
         assert not is_active()
+
+
+def test_stand_ins_are_marked_and_kernels_are_not():
+    """Code that picks a kernel (the mmcv plugin) tells a stand-in from a kernel without calling it."""
+    with activate():
+        import mx_driving
+
+        marked = {
+            name
+            for name in mx_driving.__all__
+            if getattr(getattr(mx_driving, name), "__ascend_patch_stand_in__", False)
+        }
+        for kernel in ("multi_scale_deformable_attn", "deform_conv2d", "sigmoid_focal_loss"):
+            assert kernel not in marked
+        for stand_in in ("SparseConv3d", "SubMConv3d", "dynamic_scatter", "knn"):
+            assert stand_in in marked

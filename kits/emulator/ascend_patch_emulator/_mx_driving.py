@@ -42,9 +42,12 @@ from ._mx_kernels import called
 from ._mx_kernels import implementations
 
 
-__all__ = ["ROOT", "build", "serve", "served_version"]
+__all__ = ["ROOT", "STAND_IN", "build", "serve", "served_version"]
 
 ROOT = "mx_driving"
+#: Set (True) on every stand-in -- a name without a kernel -- so that code choosing a
+#: kernel can tell, without calling it, that the emulated mx_driving cannot compute it.
+STAND_IN = "__ascend_patch_stand_in__"
 _log = logging.getLogger("ascend_patch.emulator")
 _served: str | None = None
 
@@ -76,6 +79,7 @@ def _stub_function(entry: MxName, message: str) -> Callable[..., Any]:
     stub.__name__ = stub.__qualname__ = entry.name
     stub.__module__ = entry.module
     stub.__doc__ = f"mx_driving.{entry.name}: emulated stand-in without a kernel."
+    setattr(stub, STAND_IN, True)
     if signature is not None:
         stub.__signature__ = signature  # type: ignore[attr-defined]
     return stub
@@ -92,7 +96,7 @@ def _stub_function_class(entry: MxName, message: str) -> type:
 
     if entry.signature is not None:
         forward.__signature__ = _with_ctx(entry.signature)  # type: ignore[attr-defined]
-    namespace = {"forward": staticmethod(forward), "__module__": entry.module}
+    namespace = {"forward": staticmethod(forward), "__module__": entry.module, STAND_IN: True}
     return type(entry.name, (MxFunction,), namespace)
 
 
@@ -101,7 +105,7 @@ def _stub_class(entry: MxName, message: str) -> type:
         raise KernelNotImplementedError(message)
 
     base: type = torch.nn.Module if entry.kind == "module" else object
-    namespace: dict[str, Any] = {"__init__": __init__, "__module__": entry.module}
+    namespace: dict[str, Any] = {"__init__": __init__, "__module__": entry.module, STAND_IN: True}
     if entry.init is not None:
         namespace["__signature__"] = entry.init
     return type(entry.name, (base,), namespace)

@@ -10,7 +10,9 @@ else a portable PyTorch implementation. "Can be imported" is decided with
 ``importlib.util.find_spec`` -- nothing is imported here: ``import mx_driving``
 imports torch_npu and loads its whole op library, which ``apply()`` must not pay for.
 A module already in ``sys.modules`` (the NPU emulator serves ``torch_npu`` and
-``mx_driving`` that way) counts as importable.
+``mx_driving`` that way) counts as importable -- except that an op whose
+``mx_driving`` names are stand-ins there (the emulator's names without a kernel carry
+``__ascend_patch_stand_in__``) does not count as having an mx_driving kernel.
 
 ``ASCEND_PATCH_MMCV_KERNELS`` overrides the choice: one source for every op
 (``portable``), or ``op=source`` pairs separated by commas
@@ -55,6 +57,17 @@ _lock = threading.Lock()
 _chosen: dict[str, str] = {}
 
 
+_STAND_IN = "__ascend_patch_stand_in__"
+
+
+def _mx_driving_has(names: Sequence[str]) -> bool:
+    """False when an already-imported mx_driving marks one of ``names`` as a stand-in."""
+    module = sys.modules.get(MX_DRIVING)
+    return module is None or not any(
+        getattr(getattr(module, name, None), _STAND_IN, False) for name in names
+    )
+
+
 def _importable(module: str) -> bool:
     if module in sys.modules:
         return sys.modules[module] is not None
@@ -86,30 +99,38 @@ def _overrides(text: str) -> tuple[str | None, dict[str, str]]:
     return everything, per_op
 
 
-def choose(op: str, sources: Sequence[str] = SOURCES) -> str:
+def choose(op: str, sources: Sequence[str] = SOURCES, mx_names: Sequence[str] = ()) -> str:
     """The kernel source of ``op`` in this process: the first of ``sources`` available.
 
     ``sources`` lists what the op has, in preference order (an op with no torch_npu
-    kernel passes ``(MX_DRIVING, PORTABLE)``); ``PORTABLE`` is always available. The
-    answer is kept: later calls (a second ``apply()``, ``doctor`` after ``apply()``)
-    get the same one until :func:`forget_choices`.
+    kernel passes ``(MX_DRIVING, PORTABLE)``); ``PORTABLE`` is always available.
+    ``mx_names`` are the ``mx_driving`` names the op's kernel uses (default: ``op``).
+    The answer is kept: later calls (a second ``apply()``, ``doctor`` after
+    ``apply()``) get the same one until :func:`forget_choices`.
     """
+    names = tuple(mx_names) or (op,)
+
+    def available(source: str) -> bool:
+        if source == PORTABLE:
+            return True
+        return _importable(source) and (source != MX_DRIVING or _mx_driving_has(names))
+
     with _lock:
         if op in _chosen:
             return _chosen[op]
         everything, per_op = _overrides(os.environ.get(VARIABLE, ""))
         forced = per_op.get(op, everything)
         if forced is not None:
-            if forced not in sources or not (forced == PORTABLE or _importable(forced)):
-                have = [s for s in sources if s == PORTABLE or _importable(s)]
+            if forced not in sources or not available(forced):
+                have = [s for s in (*sources, PORTABLE) if available(s)]
                 raise PatchDefinitionError(
                     f"{VARIABLE} asks for the {forced} kernel of {op}, which "
-                    + ("this op does not have" if forced not in sources else "is not importable")
-                    + f"; available here: {', '.join(have)}"
+                    + ("this op does not have" if forced not in sources else "is not available")
+                    + f"; available here: {', '.join(dict.fromkeys(have))}"
                 )
             source = forced
         else:
-            source = next(s for s in (*sources, PORTABLE) if s == PORTABLE or _importable(s))
+            source = next(s for s in (*sources, PORTABLE) if available(s))
         _chosen[op] = source
         return source
 

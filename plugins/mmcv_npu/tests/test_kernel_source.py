@@ -56,7 +56,7 @@ def test_the_variable_forces_a_source(monkeypatch):
     [
         ("fast", "unknown kernel source 'fast'"),
         ("a=torch_npu", "which this op does not have"),
-        ("a=mx_driving", "which is not importable; available here: portable"),
+        ("a=mx_driving", "which is not available; available here: portable"),
     ],
 )
 def test_a_bad_override_names_the_op_and_the_choices(monkeypatch, value, message):
@@ -64,3 +64,22 @@ def test_a_bad_override_names_the_op_and_the_choices(monkeypatch, value, message
     monkeypatch.setenv(kernel_source.VARIABLE, value)
     with pytest.raises(PatchDefinitionError, match=message):
         kernel_source.choose("a", (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
+
+
+def test_an_emulated_stand_in_is_no_mx_driving_kernel(monkeypatch):
+    fake = types.ModuleType("mx_driving")
+
+    def stand_in(*args):
+        raise NotImplementedError
+
+    stand_in.__ascend_patch_stand_in__ = True
+    fake.sparse_op = stand_in
+    fake.real_op = lambda *args: None
+    monkeypatch.setitem(sys.modules, "mx_driving", fake)
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    assert kernel_source.choose("sparse_op") == kernel_source.PORTABLE
+    assert kernel_source.choose("real_op") == kernel_source.MX_DRIVING
+    assert kernel_source.choose("both", mx_names=("real_op", "sparse_op")) == "portable"
+    monkeypatch.setenv(kernel_source.VARIABLE, "other=mx_driving")
+    with pytest.raises(PatchDefinitionError, match="is not available; available here: portable"):
+        kernel_source.choose("other", mx_names=("sparse_op",))
