@@ -50,7 +50,7 @@ NOTE = "no unique(): nonzero's indices are already distinct and sorted"
 
 def gt_inds_on_npu(sampler: Any, assign_result: Any, *args: Any, **kwargs: Any) -> bool:
     """``runtime_check``: 1-D ``gt_inds`` on the NPU (2-D ones: ``unique()`` flattens them)."""
-    gt_inds = getattr(assign_result, "gt_inds", None)
+    gt_inds: Any = getattr(assign_result, "gt_inds", None)
     return bool(getattr(gt_inds, "is_npu", False)) and gt_inds.dim() == 1
 
 
