@@ -1,0 +1,62 @@
+"""The implementations of ``mmcv._ext`` functions, by name, and the families that hold them.
+
+Each family module (``ascend_patch_mmcv.ext.<family>``) defines functions with the
+exact name and argument names of mmcv's compiled function (mmcv's pybind
+declarations; call sites pass many of them by keyword) and its conventions: most
+write into preallocated output tensors and return None. A family registers each with
+:func:`implements`; the provider (:mod:`ascend_patch_mmcv.ext`) imports every family
+when it builds the module, and serves a stand-in that raises at call time for every
+name no family implements.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+
+
+__all__ = ["FAMILIES", "IMPLEMENTATIONS", "implements", "load_all"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The family modules, in the order they are imported.
+FAMILIES = (
+    "nms",
+    "roi",
+    "losses",
+    "bbox",
+    "deform",
+    "msda",
+    "voxel",
+    "points",
+    "iou3d",
+    "sparse",
+)
+
+#: ``_ext`` name -> implementation.
+IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {}
+
+
+def implements(name: str) -> Callable[[F], F]:
+    """Register the decorated function as the ``mmcv._ext`` function ``name``."""
+
+    def register(function: F) -> F:
+        if name in IMPLEMENTATIONS and IMPLEMENTATIONS[name] is not function:
+            raise RuntimeError(f"mmcv._ext.{name} is implemented twice")
+        IMPLEMENTATIONS[name] = function
+        return function
+
+    return register
+
+
+def load_all() -> dict[str, Callable[..., Any]]:
+    """Import every family that exists; return the implementations by name."""
+    for family in FAMILIES:
+        try:
+            importlib.import_module(f"{__package__}.{family}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{family}":
+                raise
+    return dict(IMPLEMENTATIONS)
