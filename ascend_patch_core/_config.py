@@ -25,6 +25,7 @@ from ._patch import is_import_rule
 from ._plan import Declared
 from ._plan import conflicting_groups
 from ._plan import known_names
+from ._plan import switched_on
 from ._registry import PluginSelection
 from ._registry import unknown_names
 from ._report import USER
@@ -110,11 +111,24 @@ class PatcherConfig:
             added.append(Declared(item, options, USER))
         return added, rules
 
-    def raise_conflicts(self, declared: list[Declared], *, with_added: bool = True) -> None:
-        """PatchConflictError if two enabled groups name each other in ``conflicts_with``."""
-        groups = [d.item for d in declared if isinstance(d.item, type)]
-        if with_added:
-            groups += [d.item for d in self.items if isinstance(d.item, type)]
+    def raise_conflicts(
+        self,
+        declared: list[Declared],
+        *,
+        with_added: bool = True,
+        enabled: frozenset[str] = frozenset(),
+    ) -> None:
+        """PatchConflictError if two enabled groups name each other in ``conflicts_with``.
+
+        A plugin's opt-in group counts only when ``enabled`` turns it on: one that is off
+        conflicts with nothing.
+        """
+        items = [*declared, *self.items] if with_added else declared
+        groups = [
+            d.item
+            for d in items
+            if isinstance(d.item, type) and switched_on(d.item, d.provenance, enabled)
+        ]
         for name, other in conflicting_groups(groups, self.disabled)[:1] if groups else ():
             raise PatchConflictError(
                 f"patch groups {name!r} and {other!r} conflict ({name}.conflicts_with names {other!r}); "

@@ -28,6 +28,7 @@ from ._plan import Plan
 from ._plan import conflicting_groups
 from ._plan import known_names
 from ._plan import plan
+from ._plan import switched_on
 from ._registry import PluginSelection
 from ._registry import load_plugins
 from ._registry import unknown_names
@@ -379,9 +380,12 @@ def _fill(
         holders.append(patch_of[id(later)])
     inventory._collisions = list(by_target.items())
     owner = {name: provenance.plugin or "?" for name, (_, provenance) in planned.groups.items()}
+    switched = frozenset(inventory.selection.enable)
     inventory._conflicts = [
         (owner[name], name, other)
-        for name, other in conflicting_groups([g for g, _ in planned.groups.values()], disable)
+        for name, other in conflicting_groups(
+            [g for g, prov in planned.groups.values() if switched_on(g, prov, switched)], disable
+        )
     ]
     inventory._missing = [(patch_of[id(entry)], name) for entry, name in planned.missing_after]
     plugin_names: set[str] = set()

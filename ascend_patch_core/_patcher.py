@@ -344,7 +344,7 @@ class Patcher:
         declared = [*found.declared, *config.items]
         with self._ledger.lock:
             # Plan first: a conflict raises before anything is changed.
-            config.raise_conflicts(declared, with_added=False)
+            config.raise_conflicts(declared, with_added=False, enabled=self._switches()["enabled"])
             planned = plan(declared, self._ledger, metadata, **self._switches())
             config.check_unknown_names(
                 self._env_enabled, self._ledger, planned.groups, found.plugin_names, self._strict

@@ -100,6 +100,11 @@ def enabled_by(group: type[Patch], names: frozenset[str]) -> bool:
     return "*" in names or group.name in names or (group.legacy_name or "") in names
 
 
+def switched_on(group: type[Patch], provenance: Provenance, names: frozenset[str]) -> bool:
+    """Whether ``group`` is on as far as opt-in goes: a plugin's opt-in group needs a switch."""
+    return not (group.opt_in and provenance.plugin is not None and not enabled_by(group, names))
+
+
 def plan(
     declared: Iterable[Declared],
     ledger: Ledger,

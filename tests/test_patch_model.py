@@ -845,6 +845,35 @@ def test_conflict_with_a_plugin_group_raises_at_apply(make_package: PackageFacto
         p.revert()
 
 
+def test_a_plugins_opt_in_group_conflicts_only_once_enabled(make_package: PackageFactory) -> None:
+    """A plugin's opt-in group that names a default group in conflicts_with is off until
+    enabled: apply() works and applies the default one; enabling it raises the conflict."""
+    pkg = make_package({"core.py": _CORE})
+    core = _import(f"{pkg}.core")
+    fast, slow = _conflicting_groups(f"{pkg}.core.compute")
+    fast.opt_in = True
+
+    class Plugin:
+        @hookimpl
+        def register_patches(self) -> list[Any]:
+            return [fast, slow]
+
+    p = Patcher(extra_plugins=[("test-plugin", Plugin())])
+    try:
+        report = p.apply()
+        assert core.compute(1) == ("slow", 1)
+        assert (report.get("FastAttn", kind="group").reason or "").startswith("opt-in")
+    finally:
+        p.revert()
+    p = Patcher(extra_plugins=[("test-plugin", Plugin())]).enable("FastAttn")
+    try:
+        with pytest.raises(PatchConflictError, match=r"FastAttn.*SlowAttn"):
+            p.apply()
+        assert core.compute(1) == ("orig", 1)
+    finally:
+        p.revert()
+
+
 @pytest.mark.parametrize("how", ["group-name", "class", "atomic", "target"])
 def test_disable_forms_skip_with_reason(
     make_package: PackageFactory, patcher: Patcher, how: str
