@@ -334,7 +334,8 @@ class Patcher:
         config = self._config
         self._env_enabled = selection.enable
         found = PluginDeclarations()
-        if config.autoload or config.extra_plugins:
+        # Plugins load with autoload, or when named: Patcher(plugins="mmcv") asks for them.
+        if config.autoload or config.extra_plugins or config.plugin_allow:
             found = load_declarations(selection, config.autoload, config.disabled)
             with self._ledger.lock:
                 self._ledger.records.extend(found.records)

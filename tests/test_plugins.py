@@ -1104,3 +1104,22 @@ def test_second_process_with_a_warm_cache_imports_neither_importlib_metadata_nor
     for result in (cold, warm):
         assert result["plugins"][plugin.ep] == "applied"
         assert result["patches"]["apx_absent_target_zz.f"][0] == "pending"
+
+
+def test_a_patcher_that_names_plugins_loads_them_without_autoload() -> None:
+    """Patcher(plugins="mmcv") loads that plugin (autoload stays off for the rest);
+    a plain Patcher() loads none."""
+    from ascend_patch_core import Patcher
+
+    named = Patcher(plugins="mmcv")
+    try:
+        plugins = {r.name: r for r in named.apply() if r.kind == "plugin"}
+        assert str(plugins["mmcv"].status) == "applied"
+        assert all(str(r.status) == "skipped" for n, r in plugins.items() if n != "mmcv")
+    finally:
+        named.revert()
+    plain = Patcher()
+    try:
+        assert [r for r in plain.apply() if r.kind == "plugin"] == []
+    finally:
+        plain.revert()
