@@ -240,14 +240,30 @@ def test_npu_add_relu_forward_and_gradients(mx):
 
 
 def test_npu_max_pool2d_matches_torch_and_has_no_backward(mx):
-    x = torch.randn(2, 3, 9, 7, generator=_generator(6))
-    for kernel, stride, padding in ((3, 2, 1), (2, 2, 0), (3, 1, 1)):
-        torch.testing.assert_close(
-            mx.npu_max_pool2d(x, kernel, stride, padding), F.max_pool2d(x, kernel, stride, padding)
-        )
+    x = torch.randn(2, 16, 9, 7, generator=_generator(6))
+    torch.testing.assert_close(mx.npu_max_pool2d(x, 3, 2, 1), F.max_pool2d(x, 3, 2, 1))
+    half = x.half()
+    torch.testing.assert_close(mx.npu_max_pool2d(half, 3, 2, 1), F.max_pool2d(half, 3, 2, 1))
     out = mx.npu_max_pool2d(x.requires_grad_(), 3, 2, 1)
     with pytest.raises(NotImplementedError):
         out.sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "pool", "message"),
+    [
+        ((2, 16, 9, 7), torch.float32, (2, 2, 0), "only kernel_size=3, stride=2, padding=1"),
+        ((2, 16, 9, 7), torch.float32, (3, 1, 1), "only kernel_size=3, stride=2, padding=1"),
+        ((2, 3, 9, 7), torch.float32, (3, 2, 1), "3 channels; at most 1024, a multiple of 8"),
+        ((2, 8, 9, 7), torch.float16, (3, 2, 1), "a multiple of 16"),
+        ((2, 2048, 4, 4), torch.float32, (3, 2, 1), "2048 channels"),
+        ((16, 9, 7), torch.float32, (3, 2, 1), "must be 4-D float32 or float16"),
+        ((2, 16, 9, 7), torch.float64, (3, 2, 1), "must be 4-D float32 or float16"),
+    ],
+)
+def test_npu_max_pool2d_refuses_what_the_wheel_refuses(mx, shape, dtype, pool, message):
+    with pytest.raises(RuntimeError, match=message):
+        mx.npu_max_pool2d(torch.zeros(shape, dtype=dtype), *pool)
 
 
 # --------------------------------------------------------------------------- scatter

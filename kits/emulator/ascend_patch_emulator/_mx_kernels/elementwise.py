@@ -4,7 +4,9 @@
 where the output is positive, to both inputs (autograd sums it over broadcast
 dimensions). ``npu_max_pool2d(x, kernel_size, stride, padding)`` is a 2-d max pool
 (floor mode, no dilation) with no backward, as in the wheel (its Function defines
-none: backward through it raises). The wheel runs the fused op on Ascend910B/910C
+none: backward through it raises), and refuses, as the wheel's C++ entry does,
+anything but kernel 3 / stride 2 / padding 1 on a 4-D float32 or float16 input of at
+most 1024 channels, a multiple of 8 (float32) or 16 (float16). The wheel runs the fused op on Ascend910B/910C
 and plain ``max_pool2d`` on Ascend950, and raises on other chips; the emulator
 computes the pool on every emulated device.
 """
@@ -49,8 +51,35 @@ class MaxPool2d(MxFunction):
         return F.max_pool2d(x, kernel_size, stride, padding)
 
 
+#: What the wheel's C++ entry of npu_max_pool2d accepts (mx-driving 26.2): the one pool
+#: its kernel hard-codes, 4-D float32/float16 input, at most 1024 channels, a multiple
+#: of 8 (float32) or 16 (float16).
+_POOL = (3, 2, 1)
+_CHANNEL_MULTIPLE = {torch.float32: 8, torch.float16: 16}
+_MAX_CHANNELS = 1024
+
+
+def _check_pool(x: Any, kernel_size: Any, stride: Any, padding: Any) -> None:
+    if (kernel_size, stride, padding) != _POOL:
+        raise RuntimeError(
+            "npu_max_pool2d: only kernel_size=3, stride=2, padding=1 are supported, got "
+            f"{kernel_size}, {stride}, {padding}"
+        )
+    multiple = _CHANNEL_MULTIPLE.get(x.dtype)
+    if multiple is None or x.dim() != 4:
+        raise RuntimeError(
+            f"npu_max_pool2d: x must be 4-D float32 or float16, got {x.dim()}-D {x.dtype}"
+        )
+    channels = x.shape[1]
+    if channels > _MAX_CHANNELS or channels % multiple:
+        raise RuntimeError(
+            f"npu_max_pool2d: {channels} channels; at most {_MAX_CHANNELS}, a multiple of {multiple}"
+        )
+
+
 @public("npu_max_pool2d")
 def npu_max_pool2d(x: Any, kernel_size: Any, stride: Any, padding: Any) -> Any:
+    _check_pool(x, kernel_size, stride, padding)
     return raw_apply(MaxPool2d, x, kernel_size, stride, padding)
 
 
