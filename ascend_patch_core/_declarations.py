@@ -39,6 +39,7 @@ from ._report import Provenance
 from ._requires import check_requirement
 from ._rules import ImportRule
 from ._rules import InjectImport
+from ._rules import ReplaceImport
 from ._value import Value
 
 
@@ -135,11 +136,18 @@ class DeclaredPatch(Value):
 class DeclaredRule(Value):
     """One import rule a plugin declares."""
 
-    __slots__ = ("attribute", "description", "kind", "module", "plugin")
-    _fields = ("plugin", "kind", "module", "description", "attribute")
+    __slots__ = ("attribute", "description", "in_use", "kind", "module", "plugin", "real_origin")
+    _fields = ("plugin", "kind", "module", "description", "attribute", "in_use", "real_origin")
 
     def __init__(
-        self, plugin: str, kind: str, module: str, description: str, attribute: str | None
+        self,
+        plugin: str,
+        kind: str,
+        module: str,
+        description: str,
+        attribute: str | None,
+        in_use: str | None = None,
+        real_origin: str | None = None,
     ) -> None:
         self.plugin = plugin
         #: "skip", "replace" or "inject".
@@ -149,6 +157,12 @@ class DeclaredRule(Value):
         self.description = description
         #: For inject: the attribute set on ``module``.
         self.attribute = attribute
+        #: For a rule that serves its module only when the real one is missing
+        #: (``when_missing``): which one an import gets here -- "real", "replacement",
+        #: or "none" (its top-level package is not installed). None for other rules.
+        self.in_use = in_use
+        #: Where the real module is, when ``in_use`` is "real".
+        self.real_origin = real_origin
 
 
 class PluginInfo:
@@ -294,7 +308,11 @@ def _legacy_of(state: LegacyState, installed: _Installed) -> DeclaredPatch:
 
 def _rule(plugin: str, rule: ImportRule) -> DeclaredRule:
     attribute = rule.name if isinstance(rule, InjectImport) else None
-    return DeclaredRule(plugin, rule.kind, rule.module, rule.describe(), attribute)
+    in_use = origin = None
+    if isinstance(rule, ReplaceImport) and rule.when_missing:
+        installed, origin = rule.locate_real()  # found, not imported
+        in_use = "real" if origin is not None else "replacement" if installed else "none"
+    return DeclaredRule(plugin, rule.kind, rule.module, rule.describe(), attribute, in_use, origin)
 
 
 def _status(reason: str | None, failed: bool, skipped: bool) -> str:

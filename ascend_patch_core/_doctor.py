@@ -143,7 +143,14 @@ def _plugin_dict(plugin: PluginInfo) -> dict[str, Any]:
         "patches": [_patch_dict(p) for p in plugin.patches],
         "groups": _group_dicts(plugin),
         "rules": [
-            {"kind": r.kind, "module": r.module, "description": r.description} for r in plugin.rules
+            {
+                "kind": r.kind,
+                "module": r.module,
+                "description": r.description,
+                "in_use": r.in_use,
+                "real_origin": r.real_origin,
+            }
+            for r in plugin.rules
         ],
         "env": [
             {"name": s.name, "value": s.value, "why": s.why, "user_value": os.environ.get(s.name)}
@@ -239,6 +246,22 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}es" if word.endswith(("ch", "sh", "s", "x")) else f"{n} {word}s"
 
 
+def _module_rows(plugins: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per ``when_missing`` rule: which module an import gets on this machine."""
+    rows: list[list[Any]] = []
+    for plugin in plugins:
+        for rule in plugin["rules"]:
+            in_use = rule.get("in_use")
+            if in_use is None or in_use == "none":  # "none": its package is not installed
+                continue
+            text = {
+                "real": f"the real one: {rule['real_origin']}",
+                "replacement": f"served by plugin {plugin['name']!r} (no real one installed)",
+            }.get(in_use, in_use)
+            rows.append([rule["module"], text])
+    return rows
+
+
 def _group_rows(plugins: list[dict[str, Any]], style: Style) -> list[list[Any]]:
     """One row per group of a loaded plugin: applies here, partly, or why not."""
     rows: list[list[Any]] = []
@@ -298,6 +321,10 @@ def render(result: dict[str, Any], *, verbose: bool = False, stream: TextIO | No
     if group_rows:
         lines += ["", style.paint("Groups", "bold")]
         lines.extend(table(group_rows, style))
+    module_rows = _module_rows(plugins)
+    if module_rows:
+        lines += ["", style.paint("Modules served when missing", "bold")]
+        lines.extend(table(module_rows, style))
     if verbose:
         for plugin in plugins:
             lines.append("")

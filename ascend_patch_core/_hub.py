@@ -62,6 +62,11 @@ if TYPE_CHECKING:
 
         def strict(self) -> bool: ...
 
+        #: Serve only when the import system finds no real module of that name.
+        when_missing: bool
+
+        def real_found(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> None: ...
+
 
 class _Watch:
     __slots__ = ("callback", "module")
@@ -263,6 +268,17 @@ class ImportHub:
             )
         else:
             watched = rule is None and fullname in self._watches
+        spec: importlib.machinery.ModuleSpec | None = None
+        if rule is not None and rule.when_missing:
+            # Served only in the absence of the real module: when the other finders
+            # know one, it is imported (and watched as usual), and the rule says so.
+            spec = self._find_real_spec(fullname, path, target)
+            if spec is not None:
+                rule.real_found(fullname, spec)
+                rule = None
+                watched = fullname in self._watches or bool(self.matching_patterns(fullname))
+                if not watched:
+                    return spec
         if rule is not None:
             from ._rule_loader import RuleLoader  # loaded when a rule first serves a module
 
@@ -274,9 +290,10 @@ class ImportHub:
             )
         if not watched:
             return None
-        spec = self._find_real_spec(fullname, path, target)
         if spec is None:
-            return None
+            spec = self._find_real_spec(fullname, path, target)
+            if spec is None:
+                return None
         if spec.loader is None and spec.submodule_search_locations is not None:
             # A namespace package: importlib would give it a NamespaceLoader later;
             # give it one now so the wrapper has something to run.

@@ -177,12 +177,21 @@ class Patcher:
         return self
 
     def replace_import(
-        self: _Self, module: str, replacement: Any = None, /, **exports: Any
+        self: _Self,
+        module: str,
+        replacement: Any = None,
+        /,
+        *,
+        when_missing: bool = False,
+        **exports: Any,
     ) -> _Self:
-        """Serve ``replacement`` when ``module`` is imported; the original never runs (immediate)."""
+        """Serve ``replacement`` when ``module`` is imported; the original never runs (immediate).
+
+        ``when_missing=True``: serve it only where no real ``module`` is installed.
+        """
         from ._rules import ReplaceImport
 
-        self._add_rule(ReplaceImport(module, replacement, **exports))
+        self._add_rule(ReplaceImport(module, replacement, when_missing=when_missing, **exports))
         return self
 
     def inject_import(self: _Self, source_module: str, name: str, target_module: str) -> _Self:

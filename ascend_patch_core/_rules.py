@@ -89,17 +89,27 @@ class _ServedRule(ImportRule):
     """
 
     subtree = False
+    #: Serve the module only when the import system finds no real one (ReplaceImport's option).
+    when_missing = False
     _parent_watch: Any = None
 
     def activate(self, record: Record) -> None:
         self.record = record
         if self.module in sys.modules:
+            if self.when_missing:
+                record.set(
+                    Status.SKIPPED,
+                    f"the real {self.module} exists: it was already imported"
+                    f"{_at(getattr(sys.modules[self.module], '__spec__', None))}",
+                )
+                return
             record.set(
                 Status.SKIPPED, f"{self.module} was already imported; the rule cannot take effect"
             )
             return
         hub.serve(self.module, self, subtree=self.subtree)
-        record.set(Status.PENDING, f"takes effect when {self.module} is imported")
+        when = ", if no real one is installed" if self.when_missing else ""
+        record.set(Status.PENDING, f"takes effect when {self.module} is imported{when}")
         parent = self.module.rpartition(".")[0]
         if parent and parent in sys.modules:
             self._parent_imported(sys.modules[parent])
@@ -153,7 +163,63 @@ class _ServedRule(ImportRule):
     def served(self, fullname: str, module: types.ModuleType) -> None:
         self._created.append(fullname)
         if self.record is not None and fullname == self.module:
-            self.record.set(Status.APPLIED, None)
+            why = f"no real {fullname} is installed" if self.when_missing else None
+            self.record.set(Status.APPLIED, why)
+
+    def real_found(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> None:
+        """The import system found the real module (``when_missing`` rules): it is used."""
+        record = self.record
+        if record is not None and record.status is Status.PENDING:
+            record.set(Status.SKIPPED, f"the real {fullname} exists{_at(spec)}: it is used")
+
+    def locate_real(self) -> tuple[bool, str | None]:
+        """``(parent package installed, where the real module is or None)``; imports nothing."""
+        parent_found, spec = _locate(self.module)
+        if spec is None:
+            return parent_found, None
+        return True, str(spec.origin or "") or (
+            ", ".join(spec.submodule_search_locations or ()) or self.module
+        )
+
+
+def _locate(fullname: str) -> tuple[bool, importlib.machinery.ModuleSpec | None]:
+    """Where the real ``fullname`` is, found without importing anything.
+
+    ``(top-level package found, the module's spec or None)``. Each package on the way
+    is looked up by the import system's other finders in its parent's search
+    locations, as an import would after importing the parents (an imported parent's
+    ``__path__`` is used as it is; an unimported package whose ``__init__`` would change
+    its own ``__path__`` is not followed there).
+    """
+    parts = fullname.split(".")
+    path: list[str] | None = None
+    spec: importlib.machinery.ModuleSpec | None = None
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        loaded = sys.modules.get(name)
+        loaded_spec = getattr(loaded, "__spec__", None)
+        if loaded is not None and not _is_served(loaded_spec):
+            spec = loaded_spec
+            found_path = getattr(loaded, "__path__", None)
+        else:
+            spec = hub._find_real_spec(name, path, None)
+            found_path = None if spec is None else spec.submodule_search_locations
+        if spec is None and loaded is None:
+            return depth > 1, None
+        if depth < len(parts):
+            if found_path is None:
+                return True, None
+            path = list(found_path)
+    return True, spec
+
+
+def _is_served(spec: Any) -> bool:
+    return str(getattr(spec, "origin", "")).startswith("ascend-patch:")
+
+
+def _at(spec: Any) -> str:
+    origin = getattr(spec, "origin", None)
+    return f" ({origin})" if isinstance(origin, str) and origin else ""
 
 
 class SkipImport(_ServedRule):
@@ -187,6 +253,12 @@ class SkipImport(_ServedRule):
 class ReplaceImport(_ServedRule):
     """Serve ``replacement`` as ``module``; the original module is never executed.
 
+    With ``when_missing=True`` the replacement is served only where the import system
+    finds no real module of that name (an optional compiled extension, say
+    ``mmcv._ext``): where one exists, it is imported as usual and the rule's record is
+    ``skipped`` ("the real mmcv._ext exists"). ``importlib.util.find_spec`` answers
+    with the replacement's spec where it would be served.
+
     ``replacement`` may be:
 
     * ``None`` -- a new empty module holding ``exports``;
@@ -200,8 +272,15 @@ class ReplaceImport(_ServedRule):
 
     kind = "replace"
 
-    def __init__(self, module: str, replacement: Any = None, /, **exports: Any) -> None:
+    def __init__(
+        self, module: str, replacement: Any = None, /, *, when_missing: bool = False, **exports: Any
+    ) -> None:
         super().__init__(_module_name(module, "ReplaceImport"))
+        if not isinstance(when_missing, bool):
+            raise PatchDefinitionError(
+                f"ReplaceImport({module!r}): when_missing must be True or False, got {when_missing!r}"
+            )
+        self.when_missing = when_missing
         if (
             replacement is not None
             and not isinstance(replacement, (str, types.ModuleType))
@@ -235,7 +314,8 @@ class ReplaceImport(_ServedRule):
             if isinstance(r, str)
             else getattr(r, "__qualname__", repr(r))
         )
-        return f"replace {self.module} -> {target}"
+        when = " (when missing)" if self.when_missing else ""
+        return f"replace {self.module} -> {target}{when}"
 
     def build(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         replacement = self.replacement

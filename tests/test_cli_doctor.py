@@ -218,7 +218,13 @@ def test_plugins_declarations_and_problems(tmp_path: Path, site: Path) -> None:
     assert (h["library_installed"], h["applicable"]) == (False, False)
     assert h["not_applicable_reason"] == "apx_missing_lib is not installed"
     assert doc["rules"] == [
-        {"kind": "skip", "module": "apx_cuda_only", "description": "skip apx_cuda_only"}
+        {
+            "kind": "skip",
+            "module": "apx_cuda_only",
+            "description": "skip apx_cuda_only",
+            "in_use": None,  # only rules that serve when the real module is missing say
+            "real_origin": None,
+        }
     ]
     assert doc["env"] == [
         {"name": "APX_DOC_SETTING", "value": "1", "why": "the test says so", "user_value": "2"}
@@ -652,3 +658,56 @@ def test_groups_with_their_applicability_and_notes(tmp_path: Path) -> None:
     assert rows["FastKernel"].endswith("kernel: portable")
     assert rows["NotHere"].split()[2:5] == ["opt-in", "no", "0/1"]
     assert not (tmp_path / "apx_doc_lib-was-imported").exists()
+
+
+WHEN_MISSING_PLUGIN = """
+    from ascend_patch_core import ReplaceImport, hookimpl
+
+
+    @hookimpl
+    def register_import_rules():
+        return [
+            ReplaceImport("apx_wm_full._ext", None, when_missing=True, X=1),
+            ReplaceImport("apx_wm_lite._ext", None, when_missing=True, X=1),
+            ReplaceImport("apx_wm_absent._ext", None, when_missing=True, X=1),
+        ]
+    """
+
+
+def test_which_module_a_when_missing_rule_gives_without_importing(tmp_path: Path) -> None:
+    """doctor says, per when_missing rule, whether the real module or the replacement is used, importing neither."""
+    root = tmp_path / "site"
+    write_dist(
+        root,
+        "apx-wm",
+        "0.1",
+        {"apx_wm_plugin.py": WHEN_MISSING_PLUGIN},
+        {"ascend_patch": {"apx_wm": "apx_wm_plugin"}},
+    )
+    for package, files in {
+        "apx_wm_full": ("__init__.py", "_ext.py"),
+        "apx_wm_lite": ("__init__.py",),
+    }.items():
+        (root / package).mkdir()
+        for name in files:  # importing either leaves a mark
+            (root / package / name).write_text(
+                f"open({str(tmp_path / (package + name))!r}, 'w').close()\n"
+            )
+    env = clean_env(tmp_path, root, ASCEND_PATCH_PLUGINS="apx_wm")
+
+    _, result = doctor(tmp_path, env, "--json")
+    _, text = doctor(tmp_path, env)
+
+    (plugin,) = [p for p in result["plugins"] if p["name"] == "apx_wm"]
+    rules = {r["module"]: r for r in plugin["rules"]}
+    assert rules["apx_wm_full._ext"]["in_use"] == "real"
+    assert rules["apx_wm_full._ext"]["real_origin"] == str(root / "apx_wm_full" / "_ext.py")
+    assert rules["apx_wm_lite._ext"]["in_use"] == "replacement"
+    assert rules["apx_wm_absent._ext"]["in_use"] == "none"
+    assert rules["apx_wm_lite._ext"]["description"].endswith("(when missing)")
+    assert f"apx_wm_full._ext  the real one: {root / 'apx_wm_full' / '_ext.py'}" in text
+    assert "apx_wm_lite._ext  served by plugin 'apx_wm' (no real one installed)" in text
+    assert "apx_wm_absent" not in text  # a package not installed: nothing to say
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("apx_wm")) == [], (
+        "doctor imported a package"
+    )

@@ -632,6 +632,112 @@ def test_replace_rule_class_through_a_plugin(make_package: PackageFactory) -> No
     assert importlib.import_module(f"{pkg}.mod").X == "original"
 
 
+# ================================================================ replace_import(when_missing)
+
+
+def test_when_missing_imports_the_real_module_where_it_exists(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    """A real module present: it is imported, never the replacement; the record says why."""
+    pkg = make_package({"_ext.py": "X = 'real'\n"})
+    built: list[str] = []
+
+    def factory(name: str) -> dict[str, Any]:
+        built.append(name)
+        return {"X": "served"}
+
+    patcher.replace_import(f"{pkg}._ext", factory, when_missing=True)
+    record = _rule_record(patcher, f"{pkg}._ext")
+    assert record.status is Status.PENDING
+    assert record.reason and "if no real one is installed" in record.reason
+    assert importlib.util.find_spec(f"{pkg}._ext").origin.endswith("_ext.py")  # type: ignore[union-attr]
+    module = importlib.import_module(f"{pkg}._ext")
+    assert module.X == "real"
+    assert built == []
+    assert record.status is Status.SKIPPED
+    assert record.reason and f"the real {pkg}._ext exists" in record.reason
+    assert "_ext.py" in record.reason
+    assert "(when missing)" in record.name
+
+
+def test_when_missing_serves_the_replacement_where_the_real_one_is_absent(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    """No real module: the replacement is served, find_spec (pkgutil probes) finds it, revert removes it."""
+    pkg = make_package({"__init__.py": ""})
+    patcher.replace_import(f"{pkg}._ext", None, when_missing=True, X="served")
+    record = _rule_record(patcher, f"{pkg}._ext")
+    spec = importlib.util.find_spec(f"{pkg}._ext")
+    assert spec is not None and spec.loader is not None  # pkgutil.find_loader(...) is truthy
+    assert record.status is Status.PENDING
+    assert importlib.import_module(f"{pkg}._ext").X == "served"
+    assert record.status is Status.APPLIED
+    assert record.reason == f"no real {pkg}._ext is installed"
+
+    report = patcher.revert()
+    assert f"{pkg}._ext" not in sys.modules
+    assert [r.status for r in report.records if r.kind == "rule"] == [Status.REVERTED]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"{pkg}._ext")
+
+
+def test_when_missing_with_an_already_imported_real_module(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    """The real module imported before the rule: skipped, saying the real one is in use."""
+    pkg = make_package({"_ext.py": "X = 'real'\n"})
+    real = importlib.import_module(f"{pkg}._ext")
+    patcher.replace_import(f"{pkg}._ext", None, when_missing=True, X="served")
+    record = _rule_record(patcher, f"{pkg}._ext")
+    assert record.status is Status.SKIPPED
+    assert record.reason and f"the real {pkg}._ext exists" in record.reason
+    assert importlib.import_module(f"{pkg}._ext") is real
+
+
+def test_when_missing_keeps_the_real_modules_watches(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    """A patch waiting for the real module is installed on it when the rule steps aside."""
+    pkg = make_package({"_ext.py": "def f():\n    return 'real'\n"})
+    patcher.replace_import(f"{pkg}._ext", None, when_missing=True, f=lambda: "served")
+    patcher.add(AtomicPatch(f"{pkg}._ext.f", lambda: "patched"))
+    patcher.apply()
+    assert importlib.import_module(f"{pkg}._ext").f() == "patched"
+    assert _rule_record(patcher, f"{pkg}._ext").status is Status.SKIPPED
+
+
+def test_when_missing_through_a_plugin_and_its_locate_imports_nothing(
+    make_package: PackageFactory,
+) -> None:
+    """A plugin's when_missing rule; locate_real() finds the real module without importing its parent."""
+    pkg = make_package({"__init__.py": "RAN = True\n", "_ext.py": "X = 'real'\n"})
+    present = ReplaceImport(f"{pkg}._ext", None, when_missing=True, X="served")
+    absent = ReplaceImport(f"{pkg}._other", None, when_missing=True, X="served")
+    nowhere = ReplaceImport(f"{_absent()}._ext", None, when_missing=True)
+    installed, origin = present.locate_real()
+    assert installed and origin is not None and origin.endswith("_ext.py")
+    assert absent.locate_real() == (True, None)
+    assert nowhere.locate_real() == (False, None)
+    assert pkg not in sys.modules, "locating the real module imports nothing"
+    p = _plugin_patcher(present, absent)
+    try:
+        p.apply()
+        assert importlib.import_module(f"{pkg}._ext").X == "real"
+        assert importlib.import_module(f"{pkg}._other").X == "served"
+        assert _rule_record(p, f"{pkg}._ext").status is Status.SKIPPED
+        assert _rule_record(p, f"{pkg}._other").status is Status.APPLIED
+    finally:
+        p.revert()
+    assert f"{pkg}._other" not in sys.modules
+    assert importlib.import_module(f"{pkg}._ext").X == "real"
+
+
+def test_when_missing_rejects_a_non_boolean() -> None:
+    """when_missing is a switch, not an export: anything but a bool is a definition error."""
+    with pytest.raises(PatchDefinitionError):
+        ReplaceImport(_absent(), None, when_missing="yes")
+
+
 # ============================================================================= inject_import
 
 
