@@ -196,6 +196,18 @@ def get_cann_version(module: str = "CANN") -> str:
     return "emulated"
 
 
+#: ``torch_npu.npu.utils.get_soc_version()``: a number of torch_npu's SoC enumeration.
+#: 220 is the first Ascend 910B; code such as mmengine's
+#: ``is_npu_support_full_precision`` compares against it, and the emulator computes
+#: in full precision on the CPU.
+SOC_VERSION = 220
+
+
+def get_soc_version() -> int:
+    """The emulated device's SoC number (an Ascend 910B-class one: see SOC_VERSION)."""
+    return SOC_VERSION
+
+
 class device:
     """``with torch.npu.device(1):`` selects a device for the block."""
 
@@ -377,7 +389,7 @@ AMP_EXPORTS = (
 #: torch.npu.memory: what _runtime_memory defines (and this module re-binds).
 MEMORY_EXPORTS = tuple(name for name in _runtime_memory.__all__ if name != "reset_state")
 
-UTILS_EXPORTS = ("get_cann_version", "is_jit_compile_false", "set_compile_mode")
+UTILS_EXPORTS = ("get_cann_version", "get_soc_version", "is_jit_compile_false", "set_compile_mode")
 
 
 def export(name: str) -> Any:
