@@ -42,3 +42,27 @@ def test_a_1_0_script_imports_the_mmcv_names_from_the_core():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     names = ["DeformConv", "ModulatedDeformConv", "MultiScaleDeformableAttention"]
     assert out.stdout.strip() == repr(names)
+
+
+MMCV_1_0_NAMES = {
+    "msda": "MultiScaleDeformableAttention",
+    "dc": "DeformConv",
+    "mdc": "ModulatedDeformConv",
+    "voxelization": "Voxelization",
+    "stream": "Stream",
+    "ddp": "DDP",
+    "optimizer_hooks": "OptimizerHooks",
+    "optimizer_wrapper": "OptimizerWrapper",
+    "pseudo_sampler": "PseudoSampler",
+    "resnet_add_relu": "ResNetAddRelu",
+    "resnet_maxpool": "ResNetMaxPool",
+    "resnet_fp16": "ResNetFP16",
+    "nuscenes_dataset": "NuScenesDataset",
+    "nuscenes_metric": "NuScenesMetric",
+}
+
+
+def test_every_1_0_name_of_the_mmcv_plugin_names_its_group():
+    """The DrivingSDK patcher's 1.0 function names of OpenMMLab patches, each to our group."""
+    for name, group in MMCV_1_0_NAMES.items():
+        assert getattr(ascend_patch_core, name).__ascend_patch_group__.name == group, name
