@@ -21,6 +21,7 @@ __all__ = [
     "ModulatedDeformConv",
     "MultiScaleDeformableAttention",
     "SigmoidFocalLoss",
+    "SparseConv3D",
     "Voxelization",
 ]
 
@@ -75,6 +76,25 @@ class ModulatedDeformConv(Patch):
         return modulated_deform_conv_patches(options)
 
 
+class SparseConv3D(Patch):
+    """mmcv's sparse convolutions (``SubMConv3d``, ``SparseConv3d``, ...) on NPU tensors.
+
+    mmcv's classes stay and its sparse op layer (``mmcv.ops.sparse_ops``) runs portable
+    PyTorch kernels for NPU tensors; with mx_driving installed, DrivingSDK's 3-D sparse
+    classes also replace mmcv's at their class paths and layer-registry entries
+    (see :mod:`ascend_patch_mmcv.sparse_conv`).
+    """
+
+    legacy_name = "spconv3d"
+    requires = (MMCV_WITH_OPS, "torch>=2.1")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .sparse_conv import sparse_conv_patches
+
+        return sparse_conv_patches(options)
+
+
 class SigmoidFocalLoss(Patch):
     """mmcv's sigmoid focal loss on NPU tensors: DrivingSDK's kernel when it is installed.
 
@@ -113,6 +133,7 @@ GROUPS: tuple[type[Patch], ...] = (
     MultiScaleDeformableAttention,
     DeformConv,
     ModulatedDeformConv,
+    SparseConv3D,
     SigmoidFocalLoss,
     Voxelization,
 )
