@@ -7,7 +7,9 @@ family), which import no patch family.
 
 from __future__ import annotations
 
+from ascend_patch_core import ImportRule
 from ascend_patch_core import Patch
+from ascend_patch_core import ReplaceImport
 from ascend_patch_core import hookimpl
 
 from . import groups
@@ -16,6 +18,16 @@ from . import groups_mmdet
 from . import groups_mmdet3d
 from . import groups_ops
 from . import groups_training
+
+
+#: The factory of the served ``mmcv._ext``, imported on its first import only.
+EXT_PROVIDER = "ascend_patch_mmcv.ext.provider:build_module"
+
+
+@hookimpl
+def register_import_rules() -> list[ImportRule]:
+    """``mmcv._ext`` where mmcv has no compiled ops (mmcv-lite): a compiled mmcv keeps its own."""
+    return [ReplaceImport("mmcv._ext", EXT_PROVIDER, when_missing=True)]
 
 
 @hookimpl
