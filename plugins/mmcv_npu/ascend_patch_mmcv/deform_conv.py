@@ -70,6 +70,10 @@ def _deform_conv2d(kernel: Callable[..., Any]) -> Callable[..., Any]:
             raise AssertionError("Only support bias is False.")
         if input.dim() != 4:
             raise ValueError(f"Expected 4D tensor as input, got {input.dim()}D tensor instead.")
+        # As mmcv: offset's dtype decides (under autocast the offset conv gives float16
+        # while input and weight stay float32), so the output is in offset's dtype.
+        input = input.type_as(offset)
+        weight = weight.type_as(input)
         return kernel(
             input, offset, None, weight, None, stride, padding, dilation, groups, deform_groups
         )
@@ -92,6 +96,12 @@ def _modulated_deform_conv2d(kernel: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         if input.dim() != 4:
             raise ValueError(f"Expected 4D tensor as input, got {input.dim()}D tensor instead.")
+        # As mmcv: everything in offset's dtype (see deform_conv2d above).
+        input = input.type_as(offset)
+        weight = weight.type_as(input)
+        mask = mask.type_as(input)
+        if bias is not None:
+            bias = bias.type_as(input)
         return kernel(
             input, offset, mask, weight, bias, stride, padding, dilation, groups, deform_groups
         )

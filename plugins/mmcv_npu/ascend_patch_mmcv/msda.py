@@ -80,12 +80,14 @@ def _function_apply(kernel: Callable[..., Any]) -> Callable[..., Any]:
         im2col_step: Any = None,
     ) -> Any:
         # im2col_step only tiles the CUDA kernel's batch; the result does not depend on it.
+        # As mmcv's Function: locations and weights in value's dtype (under autocast value
+        # is float16 and they are float32; grid_sample would refuse the mix).
         return kernel(
             value,
             value_spatial_shapes,
             value_level_start_index,
-            sampling_locations,
-            attention_weights,
+            sampling_locations.type_as(value),
+            attention_weights.type_as(value),
         )
 
     return apply

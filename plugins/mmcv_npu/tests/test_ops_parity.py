@@ -284,3 +284,64 @@ def test_dcn_modules_and_function_apply_are_served(use_source, isolated_patcher)
     calls = report.get(apply).counters.replacement_calls
     calls += report.get(function).counters.replacement_calls
     assert calls == 2  # the Pack module and the direct Function.apply
+
+
+# ------------------------------------------------------------------- mixed dtypes (autocast)
+# Under autocast the offset (or value) comes out of a Linear/Conv in float16 while the
+# rest stays float32; mmcv casts to that tensor's dtype, so the output is float16.
+HALF_TOL = {"atol": 2e-2, "rtol": 2e-2}
+
+
+@pytest.mark.parametrize("use_source", _sources("torch_npu", "portable"), indirect=True)
+def test_deform_convs_follow_the_offsets_dtype_as_mmcv(use_source, isolated_patcher):
+    from mmcv.ops import deform_conv
+    from mmcv.ops import modulated_deform_conv
+
+    x, offset, mask, weight, bias, (stride, padding, dilation, groups, dg) = _conv_inputs(
+        "3x3", True
+    )
+    offset, mask = offset.half(), mask.half()
+    args = (stride, padding, dilation, groups, dg)
+    expected = deform_conv.deform_conv2d(x, offset, weight, *args, False, 1)
+    expected_mod = modulated_deform_conv.modulated_deform_conv2d(
+        x, offset, mask, weight, bias, *args
+    )
+    assert expected.dtype == expected_mod.dtype == torch.float16
+    isolated_patcher.add(DeformConv).add(ModulatedDeformConv).apply()
+    npu = [t.to("npu") for t in (x, offset, mask, weight, bias)]
+    actual = deform_conv.deform_conv2d(npu[0], npu[1], npu[3], *args, False, 1)
+    actual_mod = modulated_deform_conv.modulated_deform_conv2d(*npu, *args)
+    assert actual.dtype == actual_mod.dtype == torch.float16
+    torch.testing.assert_close(actual.cpu(), expected, **HALF_TOL)
+    torch.testing.assert_close(actual_mod.cpu(), expected_mod, **HALF_TOL)
+    report = isolated_patcher.report
+    assert report.get("mmcv.ops.deform_conv:deform_conv2d").counters.replacement_calls == 1
+    target = "mmcv.ops.modulated_deform_conv:modulated_deform_conv2d"
+    assert report.get(target).counters.replacement_calls == 1
+
+
+@pytest.mark.parametrize("use_source", _sources("mx_driving", "portable"), indirect=True)
+def test_msda_function_casts_locations_and_weights_to_values_dtype(use_source, isolated_patcher):
+    from ascend_patch_mmcv.msda import level_start_index
+    from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
+    from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
+
+    value, shapes, locations, weights = _msda_inputs()
+    value = value.half()
+    expected = multi_scale_deformable_attn_pytorch(
+        value.float(), shapes, locations.half().float(), weights.half().float()
+    )
+    isolated_patcher.add(MultiScaleDeformableAttention).apply()
+    npu_shapes = shapes.to("npu")
+    actual = MultiScaleDeformableAttnFunction.apply(
+        value.to("npu"),
+        npu_shapes,
+        level_start_index(npu_shapes),
+        locations.to("npu"),
+        weights.to("npu"),
+        64,
+    )
+    assert actual.dtype == torch.float16
+    torch.testing.assert_close(actual.cpu().float(), expected, **HALF_TOL)
+    target = "mmcv.ops.multi_scale_deform_attn:MultiScaleDeformableAttnFunction.apply"
+    assert _counters(isolated_patcher, target).replacement_calls == 1
