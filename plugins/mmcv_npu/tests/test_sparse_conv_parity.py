@@ -45,14 +45,14 @@ def patched(npu_emulator, isolated_patcher):
 # ------------------------------------------------------------------------ dense reference
 
 
-def _sites(batch, count, seed):
+def _sites(batch, count, seed, shape=SHAPE):
     """``count`` distinct active sites over ``batch`` samples; 2 means two far-apart ones."""
     if count == 2:
-        return torch.tensor([[0, 0, 0, 0], [batch - 1, *(s - 1 for s in SHAPE)]], dtype=torch.int32)
+        return torch.tensor([[0, 0, 0, 0], [batch - 1, *(s - 1 for s in shape)]], dtype=torch.int32)
     generator = torch.Generator().manual_seed(seed)
-    keys = torch.randperm(batch * math.prod(SHAPE), generator=generator)[:count]
+    keys = torch.randperm(batch * math.prod(shape), generator=generator)[:count]
     columns = []
-    for size in reversed(SHAPE):
+    for size in reversed(shape):
         columns.append(keys % size)
         keys = keys // size
     columns.append(keys)
@@ -126,10 +126,10 @@ def _triple(value):
 class Dense:
     """Runs mmcv sparse modules' definitions densely, tracking the active sites."""
 
-    def __init__(self, features, indices, batch):
-        self.grid = _dense(features, indices, batch, SHAPE)
-        self.mask = _dense(torch.ones(len(indices), 1), indices, batch, SHAPE)
-        self.indices, self.shape, self.batch = indices, list(SHAPE), batch
+    def __init__(self, features, indices, batch, shape=SHAPE):
+        self.grid = _dense(features, indices, batch, shape)
+        self.mask = _dense(torch.ones(len(indices), 1), indices, batch, shape)
+        self.indices, self.shape, self.batch = indices, list(shape), batch
         self.saved: dict = {}
 
     def apply(self, module):
@@ -137,6 +137,21 @@ class Dense:
         from mmcv.ops import SparseMaxPool3d
         from mmcv.ops import SubMConv3d
 
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            # Evaluation mode: a per-channel affine map, the same on any layout.
+            assert not module.training
+            self.grid = F.batch_norm(
+                self.grid,
+                module.running_mean,
+                module.running_var,
+                module.weight,
+                module.bias,
+                False,
+                0.0,
+                module.eps,
+            )
+            self.grid = self.grid * (self.mask > 0)
+            return
         if isinstance(module, torch.nn.Module) and not hasattr(module, "kernel_size"):
             self.grid = module(self.grid)
             self.grid = self.grid * (self.mask > 0)
@@ -308,3 +323,90 @@ def test_fused_indice_conv_adds_the_bias(patched):
             features, weight, bias, pairs, num, len(outids), False, subm
         )
         torch.testing.assert_close(fused, plain + bias)
+
+
+# ------------------------------------------------------------------------------ mmdet3d
+
+
+# z, y, x: SECOND's last convolution halves z once more with a (3, 1, 1) kernel.
+ENCODER_SHAPE = [21, 8, 8]
+
+
+def _sparse_encoder():
+    from mmdet3d.registry import MODELS
+    from mmdet3d.utils import register_all_modules
+
+    register_all_modules(init_default_scope=False)
+    # A small SECOND middle encoder: the mmdet3d 1.4.0 layout with fewer channels.
+    return MODELS.build(
+        {
+            "type": "SparseEncoder",
+            "in_channels": 3,
+            "sparse_shape": ENCODER_SHAPE,
+            "order": ("conv", "norm", "act"),
+            "base_channels": 4,
+            "output_channels": 8,
+            "encoder_channels": ((4,), (6, 6), (8, 8)),
+            "encoder_paddings": ((1,), (1, 1), ((0, 1, 1), 1)),
+            "block_type": "conv_module",
+        }
+    )
+
+
+def _leaf_modules(module):
+    from mmcv.ops import SparseModule
+
+    for child in module.children():
+        if isinstance(child, SparseModule) and not list(child.children()):
+            yield child
+        elif list(child.children()):
+            yield from _leaf_modules(child)
+        else:
+            yield child
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_mmdet3d_sparse_encoder_matches_the_dense_definition(patched, batch):
+    from mmcv_stacks import require_module
+
+    require_module("mmdet3d")
+    torch.manual_seed(batch)
+    encoder = _sparse_encoder()
+    for module in encoder.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.uniform_(-0.5, 0.5)
+    encoder.eval()
+    indices = _sites(batch, 150, seed=batch, shape=ENCODER_SHAPE)
+    features = torch.randn(len(indices), 3)
+
+    ref_features = features.clone().requires_grad_(True)
+    dense = Dense(ref_features, indices, batch, ENCODER_SHAPE)
+    for module in _leaf_modules(encoder):
+        dense.apply(module)
+    n, c, d, h, w = dense.grid.shape
+    expected = dense.grid.reshape(n, c * d, h, w)
+    cotangent = torch.randn(expected.shape)
+    (expected * cotangent).sum().backward()
+    weights = list(encoder.parameters())
+    ref_grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in weights]
+    encoder.zero_grad(set_to_none=True)
+
+    encoder.to("npu")
+    npu_features = features.clone().to("npu").requires_grad_(True)
+    spatial = encoder(npu_features, indices.to("npu"), batch)
+    torch.testing.assert_close(spatial.cpu(), expected.detach(), **TOL)
+    (spatial * cotangent.to("npu")).sum().backward()
+    torch.testing.assert_close(npu_features.grad.cpu(), ref_features.grad, **TOL)
+    for index, (p, ref) in enumerate(zip(weights, ref_grads, strict=True)):
+        got = torch.zeros_like(p) if p.grad is None else p.grad
+        torch.testing.assert_close(got.cpu(), ref, **TOL, msg=lambda m, i=index: f"param {i}: {m}")
+
+    # Training mode too (batch statistics): it runs, and the replacements served it.
+    encoder.train()
+    encoder(npu_features, indices.to("npu"), batch).sum().backward()
+    report = patched.report
+    for op in ("get_indice_pairs", "indice_conv", "indice_conv_backward"):
+        assert report.get(f"mmcv.ops.sparse_ops:{op}").counters.replacement_calls > 0, op
