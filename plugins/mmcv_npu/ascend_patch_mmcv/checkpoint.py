@@ -78,7 +78,13 @@ def numpy_checkpoint_globals() -> list[Any]:
     multiarray = importlib.import_module(
         "numpy._core.multiarray" if major >= 2 else "numpy.core.multiarray"
     )
-    allowed = [multiarray._reconstruct, multiarray.scalar, numpy.ndarray, numpy.dtype]
+    allowed: list[Any] = [multiarray._reconstruct, multiarray.scalar, numpy.ndarray, numpy.dtype]
+    # A checkpoint names the module of the numpy that wrote it: numpy.core.multiarray
+    # (1.x, so most old checkpoints) or numpy._core.multiarray (2.x). Both names are
+    # allowed, for the same two functions (torch's ``(global, "module.name")`` form).
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        allowed.append((multiarray._reconstruct, f"{module}._reconstruct"))
+        allowed.append((multiarray.scalar, f"{module}.scalar"))
     dtypes = getattr(numpy, "dtypes", None)  # older numpy: dtypes are plain numpy.dtype
     for name in PLAIN_DTYPES:
         dtype_class = getattr(dtypes, name, None)

@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,35 @@ def test_load_checkpoint_with_numpy_meta_loads_weights_and_meta(
     assert CheckpointLoader.__dict__["load_checkpoint"] is original
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         load_checkpoint(torch.nn.Linear(3, 2), str(path))
+
+
+def as_written_by_the_other_numpy(path: Path) -> Path:
+    """``path`` as the other numpy major would have pickled it: ``numpy.core.multiarray``
+    (numpy 1.x, which wrote most old checkpoints) <-> ``numpy._core.multiarray`` (numpy 2)."""
+    names = (b"numpy._core.multiarray", b"numpy.core.multiarray")
+    other = path.with_name("other-numpy-" + path.name)
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(other, "w") as copy:
+        for item in source.infolist():
+            data = source.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                mine, theirs = names if names[0] in data else names[::-1]
+                assert mine in data
+                data = data.replace(mine, theirs)
+            copy.writestr(item, data)
+    return other
+
+
+def test_checkpoint_pickled_by_the_other_numpy_major_loads(
+    isolated_patcher: Any, tmp_path: Path
+) -> None:
+    source = torch.nn.Linear(3, 2)
+    meta = save_checkpoint_with_numpy_meta(tmp_path / "epoch_3.pth", source)
+    path = as_written_by_the_other_numpy(tmp_path / "epoch_3.pth")
+    isolated_patcher.add(MmengineCheckpointNumpy).apply()
+    checkpoint = load_checkpoint(torch.nn.Linear(3, 2), str(path), map_location="cpu")
+    for key in ("seed", "best_score", "class_weights", "palette"):
+        assert type(checkpoint["meta"][key]) is type(meta[key])
+        np.testing.assert_array_equal(checkpoint["meta"][key], meta[key])
 
 
 class NotAllowed:
