@@ -56,6 +56,8 @@ MX_CLASSES: dict[str, tuple[str, ...]] = {
 #: The layer-registry entries of those classes (mmcv registers them when
 #: ``mmcv.ops.sparse_conv`` is imported), by mmcv major version.
 REGISTERED = ("SubMConv3d", "SparseConv3d", "SparseInverseConv3d")
+#: Not re-exported by ``mmcv.ops`` (1.7 nor 2.x): only its defining module has it.
+_NOT_IN_OPS = frozenset({"SparseConvolution"})
 _REGISTRY = {1: "mmcv.cnn.bricks.registry:CONV_LAYERS", 2: "mmengine.registry:MODELS"}
 
 _SPARSE_OPS = "mmcv.ops.sparse_ops"
@@ -258,7 +260,7 @@ def mx_driving_patches(note: str, mmcv_major: int | None) -> Iterator[AtomicPatc
             yield AtomicPatch(
                 f"{module}:{name}",
                 f"mx_driving:{name}",
-                aliases=f"mmcv.ops:{name}",
+                aliases=() if name in _NOT_IN_OPS else f"mmcv.ops:{name}",
                 note=note,
             )
     registry = _REGISTRY.get(mmcv_major or 0)
