@@ -48,6 +48,7 @@ MMCV_1_0_NAMES = {
     "msda": "MultiScaleDeformableAttention",
     "dc": "DeformConv",
     "mdc": "ModulatedDeformConv",
+    "spconv3d": "SparseConv3D",
     "voxelization": "Voxelization",
     "stream": "Stream",
     "ddp": "DDP",
