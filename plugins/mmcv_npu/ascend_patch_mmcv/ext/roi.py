@@ -4,20 +4,16 @@ Arguments, order and in-place outputs are mmcv 2.1.0's (``mmcv/ops/roi_align.py`
 and ``roi_pool.py`` allocate the outputs and call these); ``rois`` are ``[K, 5]``
 rows ``(batch_index, x1, y1, x2, y2)``.
 
-RoIAlign follows mmcv's CPU kernel (the Detectron2/Caffe2 one): bin samples at
-``start + (i + 0.5) * bin / grid``, bilinear with the kernel's clamping (a sample
-more than one pixel outside the map is 0), ``aligned`` shifts by half a pixel and
-drops the 1-pixel minimum roi size, ``sampling_ratio <= 0`` takes
-``ceil(roi_size / pooled_size)`` samples per bin side -- a count that differs from
-roi to roi. The portable kernel lists every ``(roi, bin, sample)`` of all rois in
-one flat index (``repeat_interleave`` over each roi's own sample count: no padding
-to the largest roi, no loop over rois) and reduces each bin's samples with
-``embedding_bag`` (``mode="sum"`` with per-sample weights: bilinear weight / sample
-count) over the channels-last feature map, so no ``samples x channels`` tensor is
-built for average pooling. Max pooling needs every sample's value, so it builds
-``samples x channels`` and reduces with ``scatter_reduce``; it records the position
-of the first largest sample (the kernel's ``argmax_y/argmax_x``, -1 for none) for
-the backward. The backward scatters the output gradient back the same way (an
+RoIAlign follows mmcv's CPU kernel (Detectron2's): samples at ``start + (i + 0.5) *
+bin / grid``, bilinear with the kernel's clamping, ``aligned`` shifts by half a pixel
+and drops the 1-pixel minimum roi size, ``sampling_ratio <= 0`` takes
+``ceil(roi_size / pooled_size)`` samples per bin side, a count that differs per roi.
+Every ``(roi, bin, sample)`` goes into one flat index (``repeat_interleave`` over each
+roi's own count: no padding to the largest roi, no loop over rois); average pooling
+reduces each bin with ``embedding_bag`` (per-sample weights = bilinear weight / count)
+over the channels-last map, building no ``samples x channels`` tensor; max pooling
+builds it, reduces with ``scatter_reduce`` and records the first largest sample
+(``argmax_y/argmax_x``, -1 for none). The backward scatters back the same way (an
 ``embedding_bag`` over the entries sorted by pixel for average pooling).
 
 On NPU tensors average pooling runs ``torch_npu.npu_roi_align`` /
@@ -204,7 +200,11 @@ def _portable_align(
     # Max: every sample's value (a bag of its 4 corners), then the largest per bin.
     points = samples.bin.numel()
     values = _bag_sum(
-        table, index.flatten(), weights.flatten(), torch.arange(points).repeat_interleave(4), points
+        table,
+        index.flatten(),
+        weights.flatten(),
+        torch.arange(points, device=table.device).repeat_interleave(4),
+        points,
     )
     channels = table.shape[1]
     best = table.new_full((samples.bins, channels), _MAX_START)
@@ -282,27 +282,13 @@ def _portable_align_backward(
         grad_input += total.view(grad_input.shape).to(grad_input.dtype)
 
 
-def _npu_mode(aligned: bool) -> int:
-    return 3 if aligned else 0
-
-
-def _use_npu_kernel(
-    pool_mode: int,
-    tensors: tuple[Any, Any],
-    rois: Any,
-    sampling_ratio: int,
-    aligned: bool,
-    spatial_scale: float,
-) -> bool:
+def _use_npu_kernel(features: Any, rois: Any, pool_mode: int, ratio: int, aligned: bool) -> bool:
     """Average pooling on NPU tensors with torch_npu chosen -- except adaptive sampling of
     an aligned roi of zero width or height (0 samples: mmcv gives 0; the emulator's
     reference kernel divides by zero there, and the real kernel's answer is unmeasured)."""
-    if pool_mode != _AVG or not _on_npu(*tensors) or _source() != kernel_source.TORCH_NPU:
+    if pool_mode != _AVG or not _on_npu(features, rois) or _source() != kernel_source.TORCH_NPU:
         return False
-    if sampling_ratio > 0 or not aligned:
-        return True
-    sizes = (rois[:, 3:5] - rois[:, 1:3]) * spatial_scale
-    return not bool((sizes == 0).any())
+    return ratio > 0 or not aligned or not bool((rois[:, 3:5] == rois[:, 1:3]).any())
 
 
 @implements("roi_align_forward")
@@ -323,7 +309,7 @@ def roi_align_forward(
     if rois.shape[0] == 0 or output.numel() == 0:
         return
     pooled = (int(aligned_height), int(aligned_width))
-    if _use_npu_kernel(pool_mode, (input, rois), rois, sampling_ratio, aligned, spatial_scale):
+    if _use_npu_kernel(input, rois, pool_mode, sampling_ratio, aligned):
         import torch_npu
 
         found = torch_npu.npu_roi_align(
@@ -333,7 +319,7 @@ def roi_align_forward(
             pooled[0],
             pooled[1],
             int(sampling_ratio),
-            _npu_mode(bool(aligned)),
+            3 if aligned else 0,
         )
         output.copy_(found)
         return
@@ -382,7 +368,7 @@ def roi_align_backward(
             pooled[0],
             float(spatial_scale),
             int(sampling_ratio),
-            _npu_mode(bool(aligned)),
+            3 if aligned else 0,
         )
         grad_input += found.to(grad_input.dtype)
         return
