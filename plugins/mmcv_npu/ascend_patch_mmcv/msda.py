@@ -82,7 +82,10 @@ def _function_apply(kernel: Callable[..., Any]) -> Callable[..., Any]:
         # im2col_step only tiles the CUDA kernel's batch; the result does not depend on it.
         # As mmcv's Function: locations and weights in value's dtype (under autocast value
         # is float16 and they are float32; grid_sample would refuse the mix).
-        return kernel(
+        # mx_driving's kernel refuses empty tensors (no query); mmcv's definition gives
+        # an empty result, so that case takes the portable kernel.
+        use = kernel if attention_weights.numel() > 0 else _portable_kernel
+        return use(
             value,
             value_spatial_shapes,
             value_level_start_index,

@@ -345,3 +345,24 @@ def test_msda_function_casts_locations_and_weights_to_values_dtype(use_source, i
     torch.testing.assert_close(actual.cpu().float(), expected, **HALF_TOL)
     target = "mmcv.ops.multi_scale_deform_attn:MultiScaleDeformableAttnFunction.apply"
     assert _counters(isolated_patcher, target).replacement_calls == 1
+
+
+@pytest.mark.parametrize("use_source", _sources("mx_driving", "portable"), indirect=True)
+def test_msda_function_without_queries_gives_mmcvs_empty_result(use_source, isolated_patcher):
+    # mx_driving's kernel refuses empty inputs; mmcv's definition returns [bs, 0, embed].
+    from ascend_patch_mmcv.msda import level_start_index
+    from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
+    from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
+
+    value, shapes, locations, weights = _msda_inputs(queries=0)
+    (cv, cl, cw), (nv, nl, nw) = _leaves(value, locations, weights)
+    expected = multi_scale_deformable_attn_pytorch(cv, shapes, cl, cw)
+    isolated_patcher.add(MultiScaleDeformableAttention).apply()
+    npu_shapes = shapes.to("npu")
+    actual = MultiScaleDeformableAttnFunction.apply(
+        nv, npu_shapes, level_start_index(npu_shapes), nl, nw, 64
+    )
+    assert actual.shape == expected.shape == (2, 0, 16)
+    _assert_same(expected, actual, [cv, cl, cw], [nv, nl, nw])
+    target = "mmcv.ops.multi_scale_deform_attn:MultiScaleDeformableAttnFunction.apply"
+    assert _counters(isolated_patcher, target).replacement_calls == 1
