@@ -355,9 +355,7 @@ def roi_align_backward(
     if rois.shape[0] == 0 or grad_output.numel() == 0:
         return
     pooled = (int(aligned_height), int(aligned_width))
-    if _use_npu_kernel(
-        pool_mode, (grad_output, rois), rois, sampling_ratio, aligned, spatial_scale
-    ):
+    if _use_npu_kernel(grad_output, rois, pool_mode, sampling_ratio, aligned):
         import torch_npu
 
         found = torch_npu.npu_roi_alignbk(
