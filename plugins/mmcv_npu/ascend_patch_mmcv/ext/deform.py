@@ -113,7 +113,8 @@ def _grads(
         for t, want in zip(tensors, wanted, strict=True)
     ]
     with torch.enable_grad():
-        out = _dcn(*leaves, geometry, modulated)
+        x, offset_leaf, mask_leaf, weight_leaf, bias_leaf = leaves
+        out = _dcn(x, offset_leaf, mask_leaf, weight_leaf, bias_leaf, geometry, modulated)
     asked = [leaf for leaf, want in zip(leaves, wanted, strict=True) if want]
     found = torch.autograd.grad(out, asked, grad_output.to(out.dtype), allow_unused=True)
     found_iter = iter(found)
