@@ -18,6 +18,7 @@ import importlib.util
 
 import pytest
 from mmcv_stacks import require_stack
+from mmcv_stacks import required
 
 
 require_stack("mmcv-ops")
@@ -49,10 +50,11 @@ def _sources(*available: str) -> list[object]:
 
 @pytest.fixture
 def use_source(monkeypatch, npu_emulator, request):
-    """Force one kernel source, choose again; skip when the emulator has no mx_driving."""
+    """Force one kernel source, choose again; the emulator must serve mx_driving."""
     source = request.param
     if source == kernel_source.MX_DRIVING and importlib.util.find_spec("mx_driving") is None:
-        pytest.skip("the emulator serves no mx_driving module (yet)")
+        # The session with mmcv's ops promises the emulator's mx_driving: missing, a failure.
+        (pytest.fail if required("mmcv-ops") else pytest.skip)("the emulator serves no mx_driving")
     monkeypatch.setenv(kernel_source.VARIABLE, source)
     kernel_source.forget_choices()
     yield source

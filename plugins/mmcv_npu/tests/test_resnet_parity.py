@@ -21,6 +21,7 @@ import sys
 import pytest
 from mmcv_stacks import require_module
 from mmcv_stacks import require_stack
+from mmcv_stacks import required
 
 
 require_stack("mmcv-ops")
@@ -77,7 +78,10 @@ def kernels(request, npu_emulator, monkeypatch):
     elif request.param == "emulated mx_driving":
         module = sys.modules.get("mx_driving")
         if module is None or not getattr(module, "__emulated__", False):
-            pytest.skip("this emulator serves no mx_driving")
+            # The session with mmcv's ops promises the emulator's mx_driving.
+            (pytest.fail if required("mmcv-ops") else pytest.skip)(
+                "the emulator serves no mx_driving"
+            )
     if chosen.source == "mx_driving":
         count_calls(sys.modules["mx_driving"], chosen.calls, monkeypatch)
     kernel_source.forget_choices()
