@@ -11,7 +11,7 @@ and mask ones). On emulated NPU tensors each kernel source (portable, torch_npu,
 mx_driving) gives the same numbers.
 
 Tolerance: float32 1e-4 absolute and relative (the same products summed in another
-order, gradients through different formulas).
+order, gradients through different formulas); half 2e-2 against mmcv's float32 kernel.
 """
 
 from __future__ import annotations
@@ -162,6 +162,24 @@ def test_non_contiguous_inputs():
     assert not any(t.is_contiguous() for t in (x, offset, mask, grad))
     _same(_dcn(compiled, c), _dcn(deform, c, x, offset, grad))
     _same(_mdcn(compiled, c, True), _mdcn(deform, c, True, x, offset, mask))
+
+
+def test_half_precision():
+    """Half in, half out; compared with mmcv's float32 kernel on the same half values
+    (mmcv's half kernel accumulates in half; the portable one in float32)."""
+    c = Case("strided-dilated", seed=6)
+    for name in ("x", "weight", "bias", "offset", "mask", "grad"):
+        setattr(c, name, getattr(c, name).half().float())
+    expected = _dcn(compiled, c), _mdcn(compiled, c, True)
+    for name in ("x", "weight", "bias", "offset", "mask", "grad"):
+        setattr(c, name, getattr(c, name).half())
+    assert _dcn(compiled, c)[0].dtype == torch.half  # mmcv's CPU kernel runs half too
+    actual = _dcn(deform, c), _mdcn(deform, c, True)
+    tol = {"atol": 2e-2, "rtol": 2e-2}
+    for e_list, a_list in zip(expected, actual, strict=True):
+        for index, (e, a) in enumerate(zip(e_list, a_list, strict=True)):
+            assert a.dtype == torch.half
+            torch.testing.assert_close(a.float(), e, **tol, msg=lambda m, i=index: f"{i}: {m}")
 
 
 def _has_mx_driving():

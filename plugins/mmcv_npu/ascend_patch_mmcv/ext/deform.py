@@ -24,7 +24,8 @@ DrivingSDK's kernel within its domain, else ``torch_npu.npu_deformable_conv2d``,
 else the portable PyTorch kernel (op ``deform_conv2d`` / ``modulated_deform_conv2d``
 of :mod:`ascend_patch_mmcv.kernel_source`); on other tensors the portable kernel. The
 backward functions recompute the forward with gradients enabled and take
-``torch.autograd.grad`` of it (each backward function recomputes once).
+``torch.autograd.grad`` of it (each backward function recomputes once). The portable
+kernel computes half and bfloat16 in float32 and rounds once.
 """
 
 from __future__ import annotations
@@ -89,7 +90,14 @@ def _dcn(
     geometry: _Geometry,
     modulated: bool,
 ) -> Any:
+    import torch
+
     kernel = _kernel(input, offset, weight, modulated)
+    if kernel is deform_conv_kernels.portable and input.dtype in (torch.half, torch.bfloat16):
+        # Half on the CPU: sample and sum in float32, round once (mmcv's kernel is half).
+        wide = [t.float() if t is not None else None for t in (input, offset, mask, weight, bias)]
+        x, off, msk, w, b = wide
+        return kernel(x, off, msk, w, b, *geometry.arguments).to(input.dtype)
     return kernel(input, offset, mask, weight, bias, *geometry.arguments)
 
 
