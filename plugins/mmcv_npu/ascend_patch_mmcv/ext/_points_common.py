@@ -10,7 +10,7 @@ import torch
 from .. import kernel_source
 
 
-__all__ = ["chunks", "mx_driving_for", "on_npu", "squared_distances"]
+__all__ = ["chunks", "mx_driving_for", "on_npu", "planes", "squared_distances"]
 
 #: Elements of one ``[chunk, points]`` intermediate: bounds memory on large clouds.
 _CHUNK_ELEMENTS = 1 << 22
@@ -34,8 +34,22 @@ def chunks(total: int, per_item: int) -> Iterator[slice]:
         yield slice(start, min(total, start + step))
 
 
-def squared_distances(centres: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """``[B, c, n]`` squared distances, summed x + y, then + z (the kernels' order)."""
-    diff = centres.unsqueeze(2) - points.unsqueeze(1)
-    square = diff * diff
-    return square[..., 0] + square[..., 1] + square[..., 2]
+def planes(points: torch.Tensor) -> list[torch.Tensor]:
+    """The x, y, z planes ``[B, 1, n]`` of ``points [B, n, 3]``, contiguous."""
+    return [points[..., i].unsqueeze(1).contiguous() for i in range(3)]
+
+
+def squared_distances(centres: torch.Tensor, point_planes: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, c, n]`` squared distances: dx*dx + dy*dy, then + dz*dz (the kernels' order).
+
+    Separate multiplies and adds (no fused multiply-add), one coordinate plane at a
+    time, in place: the rounding of mmcv's kernels, at a third of the memory traffic
+    of a ``[B, c, n, 3]`` difference.
+    """
+    total = None
+    for axis, plane in enumerate(point_planes):
+        diff = centres[..., axis].unsqueeze(2) - plane
+        diff.mul_(diff)
+        total = diff if total is None else total.add_(diff)
+    assert total is not None
+    return total

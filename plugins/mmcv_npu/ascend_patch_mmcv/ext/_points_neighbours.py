@@ -13,6 +13,7 @@ import torch
 from ._points_common import chunks
 from ._points_common import mx_driving_for
 from ._points_common import on_npu
+from ._points_common import planes
 from ._points_common import squared_distances
 from .registry import implements
 
@@ -45,8 +46,9 @@ def ball_query_forward(
     high = torch.tensor(max_radius, dtype=torch.float32) ** 2
     take = min(nsample, n)
     index = torch.arange(n, device=points.device)
+    point_planes = planes(points)
     for part in chunks(m, b * n):
-        d2 = squared_distances(centres[:, part], points).float()
+        d2 = squared_distances(centres[:, part], point_planes).float()
         hit = (d2 == 0) | ((d2 >= low) & (d2 < high))
         # The first `take` hits in index order: smallest indices, misses pushed past n.
         first = torch.where(hit, index, n).topk(take, dim=2, largest=False, sorted=True).values
@@ -86,12 +88,13 @@ def _knn(
             idx_tensor.copy_(found)
             dist2_tensor.copy_(square[..., 0] + square[..., 1] + square[..., 2])
             return
+    point_planes = planes(points)
     for part in chunks(m, b * max(n, 1)):
         width = part.stop - part.start
         dist = torch.full((b, width, nsample), 1e10, dtype=dist2_tensor.dtype, device=points.device)
         index = torch.zeros((b, width, nsample), dtype=torch.long, device=points.device)
         if take > 0:
-            d2 = squared_distances(centres[:, part], points)
+            d2 = squared_distances(centres[:, part], point_planes)
             values, order = d2.topk(take, dim=2, largest=False, sorted=True)
             # The kernel's heap starts at 1e10 and takes only smaller distances.
             kept = values < 1e10
@@ -179,6 +182,7 @@ def three_nn_forward(
             idx_tensor.copy_(found)
             dist2_tensor.copy_(square[..., 0] + square[..., 1] + square[..., 2])
             return
+    known_planes = planes(known)
     for part in chunks(n, b * max(m, 1)):
         width = part.stop - part.start
         dist = torch.full(
@@ -186,13 +190,13 @@ def three_nn_forward(
         )
         index = torch.zeros((b, width, 3), dtype=torch.long, device=known.device)
         if m > 0:
-            d2 = squared_distances(targets[:, part], known)
-            d2 = torch.nan_to_num(d2, nan=float("inf"))  # the kernel never takes a NaN
+            d2 = squared_distances(targets[:, part], known_planes)
+            d2.nan_to_num_(nan=float("inf"), posinf=float("inf"))  # the kernel never takes a NaN
             # Three passes of argmin (first of equal minima): a stable partial sort.
             for slot in range(min(3, m)):
                 best = d2.argmin(dim=2, keepdim=True)
                 dist[..., slot : slot + 1] = d2.gather(2, best).to(dist.dtype)
                 index[..., slot : slot + 1] = best
-                d2 = d2.scatter(2, best, float("inf"))
+                d2.scatter_(2, best, float("inf"))
         dist2_tensor[:, part] = dist
         idx_tensor[:, part] = index.to(idx_tensor.dtype)

@@ -75,16 +75,20 @@ __all__ = [
 # --- points in boxes -------------------------------------------------------------------
 
 
-def _in_boxes(boxes: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """``[B, M, T]`` bool: point ``m`` inside box ``t`` (float32, mmcv's arithmetic)."""
+def _in_boxes(boxes: torch.Tensor, points: torch.Tensor, boxes_first: bool = False) -> torch.Tensor:
+    """``[B, M, T]`` bool: point ``m`` inside box ``t`` (float32, mmcv's arithmetic).
+
+    ``boxes_first``: ``[B, T, M]`` instead.
+    """
     boxes = boxes.float()
     points = points.float()
-    cx, cy, cz, dx, dy, dz, heading = (boxes[..., i].unsqueeze(1) for i in range(7))
+    box_axis, point_axis = (2, 1) if boxes_first else (1, 2)
+    cx, cy, cz, dx, dy, dz, heading = (boxes[..., i].unsqueeze(box_axis) for i in range(7))
     # cos/sin correctly rounded to float32, as the kernels' float cos/sin.
     cos = torch.cos(-heading.double()).float()
     sin = torch.sin(-heading.double()).float()
     centre_z = cz + dz / 2
-    x, y, z = (points[..., i].unsqueeze(2) for i in range(3))
+    x, y, z = (points[..., i].unsqueeze(point_axis) for i in range(3))
     shift_x, shift_y = x - cx, y - cy
     local_x = shift_x * cos + shift_y * (-sin)
     local_y = shift_x * sin + shift_y * cos
@@ -145,8 +149,8 @@ def points_in_boxes_cpu_forward(
     if points.shape[0] == 0 or boxes.shape[0] == 0:
         return
     for part in chunks(points.shape[0], boxes.shape[0]):
-        inside = _in_boxes(boxes.unsqueeze(0), points[part].unsqueeze(0))[0]
-        out[:, part] = inside.t().to(out.dtype)
+        inside = _in_boxes(boxes.unsqueeze(0), points[part].unsqueeze(0), boxes_first=True)
+        out[:, part] = inside[0].to(out.dtype)
 
 
 # --- furthest point sampling ------------------------------------------------------------
@@ -156,17 +160,17 @@ def _furthest(distance_to: Any, temp: torch.Tensor, idx: torch.Tensor, m: int) -
     """The sampling loop: ``distance_to(chosen [B]) -> [B, N]`` squared distances."""
     batch = temp.shape[0]
     chosen = torch.zeros(batch, dtype=torch.long, device=temp.device)
-    picks = torch.zeros(batch, m, dtype=torch.long, device=temp.device)
+    picks = [chosen]
     in_place = temp.dtype == torch.float32 and temp.is_contiguous()
     nearest = temp if in_place else temp.float().contiguous()
     # One step per sample: each pick depends on the previous one (vectorised over points).
-    for j in range(1, m):
+    for _ in range(1, m):
         torch.minimum(nearest, distance_to(chosen), out=nearest)
         chosen = nearest.argmax(dim=1)  # the first of equal maxima: the lowest index
-        picks[:, j] = chosen
+        picks.append(chosen)
     if not in_place:
         temp.copy_(nearest)
-    idx.copy_(picks)
+    idx.copy_(torch.stack(picks, dim=1))
 
 
 @implements("furthest_point_sampling_forward")
@@ -187,14 +191,13 @@ def furthest_point_sampling_forward(
             idx_tensor.copy_(mx.furthest_point_sampling(points_tensor, m))
             return
     points = points_tensor.reshape(b, n, 3)
-    x, y, z = (points[..., i].contiguous() for i in range(3))
+    xyz = points.permute(2, 0, 1).contiguous()  # [3, B, N]: one op per step for all axes
     rows = torch.arange(b, device=points.device)
 
     def distance_to(chosen: torch.Tensor) -> torch.Tensor:
-        dx = x - x[rows, chosen].unsqueeze(1)
-        dy = y - y[rows, chosen].unsqueeze(1)
-        dz = z - z[rows, chosen].unsqueeze(1)
-        return dx * dx + dy * dy + dz * dz
+        diff = xyz - xyz[:, rows, chosen].unsqueeze(2)
+        diff.mul_(diff)
+        return (diff[0] + diff[1]).add_(diff[2])  # dx² + dy², then + dz², as the kernel
 
     _furthest(distance_to, temp_tensor, idx_tensor, m)
 

@@ -62,7 +62,10 @@ def _c_round(values: torch.Tensor) -> torch.Tensor:
 def _cells(
     points: torch.Tensor, voxel_size: Any, coors_range: Any, ndim: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(cells [N, ndim] int64 in x, y, z order, inside [N] bool, grid [ndim] int64)``."""
+    """``(cells [N, ndim] floored floats in x, y, z order, inside [N] bool, grid [ndim] int64)``.
+
+    A cell is only meaningful where ``inside`` is True.
+    """
     size = _floats(voxel_size)[:ndim]
     bounds = _floats(coors_range)
     compute = torch.float64 if points.dtype == torch.float64 else torch.float32
@@ -70,15 +73,12 @@ def _cells(
     high = torch.tensor(bounds[ndim : 2 * ndim], dtype=torch.float32)
     step = torch.tensor(size, dtype=torch.float32)
     grid = _c_round((high - low) / step).long()
-    scaled = (points[:, :ndim].to(compute) - low.to(points.device, compute)) / step.to(
-        points.device, compute
-    )
-    cells = torch.floor(scaled)
-    inside = ((cells >= 0) & (cells < grid.to(points.device, compute))).all(dim=1)
-    cells = torch.where(
-        inside.unsqueeze(1), cells, torch.zeros((), dtype=compute, device=cells.device)
-    )
-    return cells.long(), inside, grid.to(points.device)
+    coordinates = points[:, :ndim].to(compute)
+    scaled = (coordinates - low.to(points.device, compute)).div_(step.to(points.device, compute))
+    scaled.floor_()
+    inside = ((scaled >= 0) & (scaled < grid.to(points.device, compute))).all(dim=1)
+    # Rows outside the grid (NaN included) hold garbage: every caller masks them.
+    return scaled, inside, grid.to(points.device)
 
 
 @implements("dynamic_voxelize_forward")
@@ -93,8 +93,8 @@ def dynamic_voxelize_forward(
     if points.shape[0] == 0:
         return
     cells, inside, _ = _cells(points, voxel_size, coors_range, NDim)
-    result = torch.where(inside.unsqueeze(1), cells.flip(1), torch.full_like(cells, -1))
-    coors.copy_(result.to(coors.dtype))
+    coors.copy_(cells.flip(1))
+    coors.masked_fill_(~inside.unsqueeze(1), -1)
 
 
 def _hard_on_mx_driving(
@@ -166,28 +166,33 @@ def hard_voxelize_forward(
     if kept.numel() == 0:
         voxel_num.fill_(0)
         return
-    cells = cells[kept]
+    cells = cells[kept].long()
     # One int64 key per cell, x fastest (the order of mmcv's coor_to_voxelidx table).
     strides = torch.cumprod(torch.cat((grid.new_ones(1), grid[:-1])), 0)
     keys = (cells * strides).sum(dim=1)
+    if int(torch.prod(grid)) < 2**31:
+        keys = keys.int()  # sorts twice as fast
     sorted_keys, order = torch.sort(keys, stable=True)
     starts_here = torch.ones_like(sorted_keys, dtype=torch.bool)
-    starts_here[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    torch.ne(sorted_keys[1:], sorted_keys[:-1], out=starts_here[1:])
     group = torch.cumsum(starts_here, 0) - 1
     starts = starts_here.nonzero().squeeze(1)
-    # Stable sort: a group's first entry is its voxel's first point.
+    # Stable sort: a group's first entry is its voxel's first point. Voxels are numbered
+    # in the order of those first points: a running count over the points, no sort.
     first_point = order[starts]
-    rank = torch.empty_like(first_point)
-    rank[torch.argsort(first_point)] = torch.arange(first_point.numel(), device=rank.device)
+    is_first = torch.zeros_like(keys, dtype=torch.bool)
+    is_first[first_point] = True
+    rank = (torch.cumsum(is_first, 0) - 1)[first_point]
     voxel_of = rank[group]
     slot = torch.arange(order.numel(), device=order.device) - starts[group]
-    take = (voxel_of < max_voxels) & (slot < max_points)
+    take = ((voxel_of < max_voxels) & (slot < max_points)).nonzero().squeeze(1)
     count = min(int(first_point.numel()), max_voxels)
-    voxels[voxel_of[take], slot[take]] = points[kept[order[take]]].to(voxels.dtype)
-    num_points_per_voxel[:count] = torch.bincount(voxel_of[take], minlength=count)[:count].to(
+    taken_voxels = voxel_of[take]
+    voxels[taken_voxels, slot[take]] = points[kept[order[take]]].to(voxels.dtype)
+    num_points_per_voxel[:count] = torch.bincount(taken_voxels, minlength=count)[:count].to(
         num_points_per_voxel.dtype
     )
-    heads = rank < max_voxels
+    heads = (rank < max_voxels).nonzero().squeeze(1)
     coors[rank[heads]] = cells[first_point[heads]].flip(1).to(coors.dtype)
     voxel_num.fill_(count)
 
