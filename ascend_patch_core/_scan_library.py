@@ -253,7 +253,8 @@ class LibrarySource:
         # The class itself. Constructing it runs its bases' constructors too.
         out = [Definition(qualname)]
         if info is not None:
-            out += [Definition(f"{module}.{name}", "calls") for name in _module_calls(info, node)]
+            out += [Definition(name, "calls") for name in _module_calls(info, node)]
+        library = module.partition(".")[0]
         for base in filter(None, bases):
             for found in self._follow(base.split("."), depth + 1, seen):
                 if found.role == "same":
@@ -262,7 +263,9 @@ class LibrarySource:
                         Definition(f"{found.name}.__new__", "constructor"),
                         Definition(found.name, "base"),
                     ]
-                else:  # the base's own bases
+                elif found.role != "calls" or found.name.partition(".")[0] == library:
+                    # The base's own bases, and what a base of the same library calls
+                    # (torch.nn.Module's use of Tensor says nothing of an mmcv layer).
                     out.append(found)
         return out
 
@@ -366,18 +369,27 @@ def _delegated(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[ast.expr, 
 
 
 def _module_calls(module: _Module, node: ast.ClassDef) -> list[str]:
-    """Names of ``module``'s own functions and classes that the class's body uses.
+    """Dotted names of its own library's functions and classes that the class's body uses.
 
-    Only what the module itself defines (``def``, ``class``, ``name = expression``),
-    not what it imports: the class's work happens there, in the same file.
+    What the module itself defines (``def``, ``class``, ``name = expression``), and the
+    attributes it reaches through a sibling module of its package imported by name
+    (``from . import sparse_ops as ops`` ... ``ops.get_indice_pairs(...)``): the
+    class's work happens there. Not what it imports from elsewhere.
     """
-    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return sorted(
-        name
-        for name in used
-        if name != node.name
-        and any(b.kind in ("def", "class", "expr") for b in module.bindings.get(name, ()))
-    )
+    package = module.name.rpartition(".")[0]
+    found: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id != node.name:
+            if any(b.kind in ("def", "class", "expr") for b in module.bindings.get(n.id, ())):
+                found.add(f"{module.name}.{n.id}")
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            for binding in module.bindings.get(n.value.id, ()):
+                target = str(binding.value) if binding.kind == "ref" else ""
+                # A sibling module of the same package (``from . import sparse_ops as
+                # ops``), not the library's root or another package of it.
+                if package and target.rpartition(".")[0] == package and target != module.name:
+                    found.add(f"{target}.{n.attr}")
+    return sorted(found)
 
 
 def _class_names(node: ast.ClassDef) -> set[str]:

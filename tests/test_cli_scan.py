@@ -694,7 +694,28 @@ def test_names_are_followed_into_the_library_that_defines_them(tmp_path: Path) -
 
 OPS_LIBRARY = {
     "mmcv/__init__.py": "",
-    "mmcv/ops/__init__.py": "from .deform import DeformLayer\nfrom .other import OtherLayer\n",
+    "mmcv/ops/__init__.py": (
+        "from .deform import DeformLayer\nfrom .other import OtherLayer\n"
+        "from .sparse import SubLayer\n"
+    ),
+    "mmcv/ops/kernels.py": """
+        def pairs(x):
+            return x
+        """,
+    "mmcv/ops/sparse.py": """
+        import torch
+
+        from . import kernels as ops
+
+
+        class SparseLayer(torch.nn.Module):
+            def forward(self, x):
+                return ops.pairs(x)
+
+
+        class SubLayer(SparseLayer):
+            pass
+        """,
     "mmcv/ops/deform.py": """
         import torch
 
@@ -728,15 +749,19 @@ OPS_LIBRARY = {
 
         @hookimpl
         def register_patches():
-            return [AtomicPatch("mmcv.ops.deform:deform", lambda *a: a[0])]
+            return [
+                AtomicPatch("mmcv.ops.deform:deform", lambda *a: a[0]),
+                AtomicPatch("mmcv.ops.kernels:pairs", lambda *a: a[0]),
+            ]
         """,
 }
 
 
 def test_a_class_is_covered_by_the_patch_of_what_its_methods_call(tmp_path: Path) -> None:
     """``DeformLayer.forward`` calls its module's ``deform``: patching that serves the
-    class, so importing the class is covered; a class of another module whose methods
-    call nothing patched is not (nor by the patch of a function it does not call)."""
+    class, so importing the class is covered; so is ``SubLayer``, whose base calls a
+    patched function of another module of its library (``ops.pairs``); a class of
+    another module whose methods call nothing patched is not."""
     site = tmp_path / "site"
     for name, source in OPS_LIBRARY.items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
@@ -749,6 +774,7 @@ def test_a_class_is_covered_by_the_patch_of_what_its_methods_call(tmp_path: Path
     code.mkdir()
     (code / "use.py").write_text(
         "from mmcv.ops import DeformLayer\nfrom mmcv.ops.other import OtherLayer\n"
+        "from mmcv.ops import SubLayer\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_PATCH_", "PYTHON"))}
     env.update(
@@ -770,7 +796,7 @@ def test_a_class_is_covered_by_the_patch_of_what_its_methods_call(tmp_path: Path
         for f in json.loads(done.stdout)["findings"]
         if f["rule"] == "cuda-import"
     }
-    assert verdicts == {1: ["mmcv.ops.deform.deform"], 2: None}
+    assert verdicts == {1: ["mmcv.ops.deform.deform"], 2: None, 3: ["mmcv.ops.kernels.pairs"]}
 
 
 # ---------------------------------------------------------------------------- files that are not files
