@@ -199,7 +199,7 @@ class Dense:
 
 
 def _scenario(name, cin=3):
-    """The modules of one scenario (built on the CPU with the seed set by the caller)."""
+    """The modules of one scenario (built on the CPU with the random seed the caller set)."""
     from mmcv.ops import SparseConv3d
     from mmcv.ops import SparseConvTranspose3d
     from mmcv.ops import SparseInverseConv3d
