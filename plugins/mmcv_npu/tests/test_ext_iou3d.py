@@ -204,3 +204,49 @@ def test_npu_tensors_run_on_the_portable_kernels(npu_emulator, monkeypatch):
         assert kernel_source.choose("iou3d_boxes_overlap_bev_forward") == kernel_source.PORTABLE
     finally:
         kernel_source.forget_choices()
+
+
+def test_mx_driving_paths(npu_emulator, monkeypatch):
+    """Test doubles of mx_driving's functions (the emulator has no kernel for them).
+
+    They return what DrivingSDK's Python wrappers document -- overlap areas ``[N, M]``;
+    for NMS, indices into the caller's boxes after sorting by the given scores -- and
+    check the glue: mmcv's ``_ext`` NMS gets boxes already sorted, so the scores passed
+    must keep that order.
+    """
+    from ascend_patch_mmcv import kernel_source
+
+    mx_driving = pytest.importorskip("mx_driving")
+    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
+    a, b = SCENES["random"]
+    expected = _reference_overlaps(a, b)
+    calls = []
+
+    def nms_double(normal):
+        def nms(boxes, scores, threshold):
+            calls.append("nms3d_normal" if normal else "nms3d")
+            order = scores.sort(0, descending=True)[1]
+            kept = _greedy_reference(boxes[order], threshold, normal)
+            return order[kept]
+
+        return nms
+
+    monkeypatch.setattr(
+        mx_driving, "boxes_overlap_bev", lambda x, y: calls.append("bev") or expected.clone()
+    )
+    monkeypatch.setattr(mx_driving, "nms3d", nms_double(False))
+    monkeypatch.setattr(mx_driving, "nms3d_normal", nms_double(True))
+    kernel_source.forget_choices()
+    try:
+        out = torch.zeros(len(a), len(b))
+        iou3d.iou3d_boxes_overlap_bev_forward(a.to("npu"), b.to("npu"), out)
+        assert torch.equal(out, expected)
+        boxes = _boxes(30, 8, spread=3.0)
+        for name, normal in (("iou3d_nms3d_forward", False), ("iou3d_nms3d_normal_forward", True)):
+            keep = torch.zeros(30, dtype=torch.long)
+            num_out = torch.zeros((), dtype=torch.long)
+            getattr(iou3d, name)(boxes.to("npu"), keep, num_out, nms_overlap_thresh=0.2)
+            assert keep[: int(num_out)].tolist() == _greedy_reference(boxes, 0.2, normal)
+        assert calls == ["bev", "nms3d", "nms3d_normal"]
+    finally:
+        kernel_source.forget_choices()

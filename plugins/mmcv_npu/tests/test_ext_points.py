@@ -469,3 +469,92 @@ def test_npu_tensors_run_on_the_portable_kernels(npu_emulator, monkeypatch):
         assert kernel_source.choose("knn_forward") == kernel_source.PORTABLE
     finally:
         kernel_source.forget_choices()
+
+
+# --- the mx_driving paths, with test doubles of mx_driving's public functions ----------------
+# The emulator's mx_driving has no kernel for these ops (stand-ins), so the doubles below
+# stand for DrivingSDK's functions with the results its Python wrappers document (shapes,
+# layouts); they check the glue -- argument order, transposes, what is written where --
+# not the NPU kernels, which need an Ascend machine.
+
+
+@pytest.fixture
+def mx_doubles(npu_emulator, monkeypatch):
+    from ascend_patch_mmcv import kernel_source
+
+    mx_driving = pytest.importorskip("mx_driving")
+    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
+    kernel_source.forget_choices()
+    calls = []
+
+    def double(name, function):
+        def record(*args, **kwargs):
+            calls.append(name)
+            return function(*args, **kwargs)
+
+        monkeypatch.setattr(mx_driving, name, record)
+        kernel_source.forget_choices()  # choose again: the name has a "kernel" now
+
+    yield double, calls
+    kernel_source.forget_choices()
+
+
+def test_mx_driving_paths_write_mmcvs_outputs(mx_doubles):
+    double, calls = mx_doubles
+    cloud = torch.rand(2, 30, 3, generator=_gen(21))
+    centres = cloud[:, :6].contiguous()
+    fps_expected, _ = _fps_call(family.furthest_point_sampling_forward, cloud, 7)
+    knn_expected = _knn_call(cloud, centres, 4)
+    nn_dist, nn_idx = torch.zeros(2, 30, 3), torch.zeros(2, 30, 3, dtype=torch.int32)
+    family.three_nn_forward(cloud, centres, nn_dist, nn_idx, 2, 30, 6)
+    boxes, scene = SCENES["random"]
+    part_expected = torch.full(scene.shape[:2], -1, dtype=torch.int)
+    family.points_in_boxes_part_forward(boxes, scene, part_expected)
+    all_expected = torch.zeros(*scene.shape[:2], boxes.shape[1], dtype=torch.int)
+    family.points_in_boxes_all_forward(boxes, scene, all_expected)
+
+    # mx_driving's results: fps [B, m] int32; knn [B, k, npoint]; three_nn (sqrt dist, idx)
+    double("furthest_point_sampling", lambda xyz, m: fps_expected.clone())
+    double("knn", lambda k, xyz, centre, transposed: knn_expected[0].transpose(1, 2).contiguous())
+    double("three_nn", lambda target, source: (nn_dist.sqrt(), nn_idx.clone()))
+    double("npu_points_in_box", lambda b, p: part_expected.clone())
+    double("npu_points_in_box_all", lambda b, p: all_expected.clone())
+    fps, _ = _fps_call(family.furthest_point_sampling_forward, cloud.to("npu"), 7)
+    knn_idx, knn_d2 = _knn_call(cloud.to("npu"), centres.to("npu"), 4)
+    got_dist, got_idx = torch.zeros(2, 30, 3), torch.zeros(2, 30, 3, dtype=torch.int32)
+    family.three_nn_forward(cloud.to("npu"), centres.to("npu"), got_dist, got_idx, 2, 30, 6)
+    part = torch.full(scene.shape[:2], -1, dtype=torch.int)
+    family.points_in_boxes_part_forward(boxes.to("npu"), scene.to("npu"), part)
+    every = torch.zeros(*scene.shape[:2], boxes.shape[1], dtype=torch.int)
+    family.points_in_boxes_all_forward(boxes.to("npu"), scene.to("npu"), every)
+    assert calls == [
+        "furthest_point_sampling",
+        "knn",
+        "three_nn",
+        "npu_points_in_box",
+        "npu_points_in_box_all",
+    ]
+    assert torch.equal(fps, fps_expected)
+    assert torch.equal(knn_idx, knn_expected[0]) and torch.equal(knn_d2, knn_expected[1])
+    assert torch.equal(got_idx, nn_idx) and torch.equal(got_dist, nn_dist)  # dist2 gathered exactly
+    assert torch.equal(part, part_expected) and torch.equal(every, all_expected)
+
+
+def test_mx_driving_paths_of_group_and_interpolate(mx_doubles):
+    double, calls = mx_doubles
+    features = torch.randn(2, 3, 20, generator=_gen(22))
+    idx = torch.randint(0, 20, (2, 5, 4), generator=_gen(23), dtype=torch.int32)
+    grouped = torch.zeros(2, 3, 5, 4)
+    family.group_points_forward(features, idx, grouped, 2, 3, 20, 5, 4)
+    tri_idx = torch.randint(0, 20, (2, 7, 3), generator=_gen(24), dtype=torch.int32)
+    weight = torch.rand(2, 7, 3, generator=_gen(25))
+    interpolated = torch.zeros(2, 3, 7)
+    family.three_interpolate_forward(features, tri_idx, weight, interpolated, 2, 3, 20, 7)
+    double("group_points", lambda f, i: grouped.clone())
+    double("three_interpolate", lambda f, i, w: interpolated.clone())
+    out = torch.zeros(2, 3, 5, 4)
+    family.group_points_forward(features.to("npu"), idx.to("npu"), out, 2, 3, 20, 5, 4)
+    out2 = torch.zeros(2, 3, 7)
+    family.three_interpolate_forward(features.to("npu"), tri_idx, weight, out2, 2, 3, 20, 7)
+    assert calls == ["group_points", "three_interpolate"]
+    assert torch.equal(out, grouped) and torch.equal(out2, interpolated)
