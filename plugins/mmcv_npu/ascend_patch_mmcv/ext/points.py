@@ -185,6 +185,9 @@ def furthest_point_sampling_forward(
     """Write ``m`` sample indices ``[B, m]`` of points ``[B, N, 3]``; updates ``temp``."""
     if m <= 0 or b == 0:
         return
+    if n == 0:  # no distance ever beats the kernel's initial pick: every sample is 0
+        idx_tensor.fill_(0)
+        return
     if on_npu(points_tensor) and n > 0:
         mx = mx_driving_for("furthest_point_sampling_forward", "furthest_point_sampling")
         if mx is not None:
@@ -213,6 +216,9 @@ def furthest_point_sampling_with_dist_forward(
 ) -> None:
     """As :func:`furthest_point_sampling_forward`, distances from ``[B, N, N]``."""
     if m <= 0 or b == 0:
+        return
+    if n == 0:  # no distance ever beats the kernel's initial pick: every sample is 0
+        idx_tensor.fill_(0)
         return
     if on_npu(points_tensor) and n > 0:
         mx = mx_driving_for(
