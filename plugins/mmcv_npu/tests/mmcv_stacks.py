@@ -5,12 +5,14 @@ Each nox session installs one stack and names what it installed in
 fails instead of skipping, so a broken install cannot pass as "all skipped".
 
 Names: ``mmengine``, ``mmdet``, ``mmdet3d``, ``mmcv1`` (mmcv 1.x), ``mmcv-ops`` (mmcv
-with its compiled ``mmcv._ext``, the numeric oracle of the op replacements).
+with its compiled ``mmcv._ext``, the numeric oracle of the op replacements),
+``mmcv-lite`` (mmcv 2.x without a compiled ``mmcv._ext``: where the plugin serves one).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
@@ -43,13 +45,30 @@ def _mmcv_major() -> int | None:
     return None
 
 
+def _compiled_ext() -> bool:
+    """Whether mmcv's own compiled ``mmcv._ext`` is installed (found on disk, nothing imported).
+
+    Not ``importlib.util.find_spec("mmcv._ext")``: where the plugin's import rule is
+    active, that finds the ``mmcv._ext`` the plugin serves.
+    """
+    spec = importlib.util.find_spec("mmcv")
+    locations = list(getattr(spec, "submodule_search_locations", None) or ())
+    return (
+        bool(locations)
+        and importlib.machinery.PathFinder.find_spec("mmcv._ext", locations) is not None
+    )
+
+
 def require_stack(stack: str) -> None:
     """Skip the test module unless ``stack`` is here (fail when the session requires it)."""
     if stack == "mmcv1":
         present, what = _mmcv_major() == 1, "mmcv 1.x"
     elif stack == "mmcv-ops":
-        present = _mmcv_major() == 2 and importlib.util.find_spec("mmcv._ext") is not None
+        present = _mmcv_major() == 2 and _compiled_ext()
         what = "mmcv 2.x with its compiled ops (nox -s openmmlab_cpu_ops)"
+    elif stack == "mmcv-lite":
+        present = _mmcv_major() == 2 and not _compiled_ext()
+        what = "mmcv 2.x without compiled ops, e.g. mmcv-lite (nox -s openmmlab_emulated)"
     else:
         present, what = importlib.util.find_spec(stack) is not None, stack
     if present:
