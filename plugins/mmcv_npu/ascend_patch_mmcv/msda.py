@@ -109,7 +109,14 @@ def _pytorch_path(
 
 
 def _pytorch_check(value: Any, shapes: Any, locations: Any, weights: Any) -> bool:
-    return _on_npu(value, locations) and value.numel() > 0 and weights.numel() > 0
+    # mmcv's function also takes the shapes as a list of (h, w) pairs; the kernel wants
+    # the [levels, 2] tensor, so a list goes to mmcv's code.
+    return (
+        _on_npu(value, locations)
+        and getattr(shapes, "dim", None) is not None
+        and value.numel() > 0
+        and weights.numel() > 0
+    )
 
 
 def msda_patches(options: Any = None) -> Iterator[AtomicPatch]:

@@ -368,3 +368,22 @@ def test_msda_function_without_queries_gives_mmcvs_empty_result(use_source, isol
     _assert_same(expected, actual, [cv, cl, cw], [nv, nl, nw])
     target = "mmcv.ops.multi_scale_deform_attn:MultiScaleDeformableAttnFunction.apply"
     assert _counters(isolated_patcher, target).replacement_calls == 1
+
+
+@pytest.mark.parametrize("use_source", _sources("mx_driving"), indirect=True)
+def test_msda_pytorch_path_with_shapes_as_a_list_stays_with_mmcv(use_source, isolated_patcher):
+    # mmcv's function also takes [(h, w), ...]; the kernel needs the tensor: mmcv's code runs.
+    from mmcv.ops import multi_scale_deform_attn
+
+    value, shapes, locations, weights = _msda_inputs()
+    pairs = [tuple(pair) for pair in shapes.tolist()]
+    original = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch
+    expected = original(value, pairs, locations, weights)
+    isolated_patcher.add(MultiScaleDeformableAttention).apply()
+    actual = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch(
+        value.to("npu"), pairs, locations.to("npu"), weights.to("npu")
+    )
+    torch.testing.assert_close(actual.cpu(), expected, **TOL)
+    target = "mmcv.ops.multi_scale_deform_attn:multi_scale_deformable_attn_pytorch"
+    counters = _counters(isolated_patcher, target)
+    assert (counters.replacement_calls, counters.fallback_calls) == (0, 1)
