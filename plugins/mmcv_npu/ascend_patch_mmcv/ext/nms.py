@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+import numpy as np  # type: ignore[import-not-found]  # (no numpy in the typecheck env)
 import torch
 from torch import Tensor
 

@@ -166,8 +166,8 @@ def stand_in(name: str, entry: dict[str, Any], release: str) -> Callable[..., An
 
 def build_module(fullname: str) -> dict[str, Any]:
     """The attributes of the served ``mmcv._ext`` (the ReplaceImport factory)."""
-    mmcv = sys.modules.get(fullname.rpartition(".")[0])
-    package_dir = Path(mmcv.__file__).parent if getattr(mmcv, "__file__", None) else None
+    init = getattr(sys.modules.get(fullname.rpartition(".")[0]), "__file__", None)
+    package_dir = Path(init).parent if isinstance(init, str) else None
     table = release_table(installed_release(), package_dir)
     implementations = load_all()
     attributes: dict[str, Any] = {}

@@ -76,7 +76,11 @@ def _load_ext_calls(tree: ast.AST) -> Iterable[list[str]]:
         if not (isinstance(first, ast.Constant) and first.value == "_ext"):
             continue
         if isinstance(second, (ast.List, ast.Tuple)):
-            yield [e.value for e in second.elts if isinstance(e, ast.Constant)]
+            yield [
+                e.value
+                for e in second.elts
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            ]
 
 
 def pybind_definitions(pybind_cpp: str) -> dict[str, dict[str, Any]]:
