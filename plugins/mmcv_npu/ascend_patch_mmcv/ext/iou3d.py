@@ -54,109 +54,123 @@ def _mx(op: str, name: str) -> Any:
     return kernel_source.mx_driving() if source == kernel_source.MX_DRIVING else None
 
 
-def _corners(boxes: torch.Tensor) -> torch.Tensor:
-    """``[P, 4, 2]`` corners, rotated about the centre as mmcv's kernel rotates them."""
-    cx, cy = boxes[:, 0:1], boxes[:, 1:2]
-    half_x, half_y = boxes[:, 3:4] / 2, boxes[:, 4:5] / 2
-    x = torch.cat((cx - half_x, cx + half_x, cx + half_x, cx - half_x), 1)
-    y = torch.cat((cy - half_y, cy - half_y, cy + half_y, cy + half_y), 1)
-    angle = boxes[:, 6:7].double()
-    cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
-    rx = (x - cx) * cos - (y - cy) * sin + cx
-    ry = (x - cx) * sin + (y - cy) * cos + cy
-    return torch.stack((rx, ry), 2)
+# The polygon code works on planes [k, P]: k points (corners, edges) of P box pairs, the
+# pairs innermost, so every elementwise op runs over long contiguous rows.
 
 
-def _inside(boxes: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """``[P, 4]``: corner ``k`` of ``points [P, 4, 2]`` inside box ``p`` (1e-2 margin)."""
-    angle = -boxes[:, 6:7].double()
+def _corners(boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Corner planes ``x, y [4, P]``, rotated about the centre as mmcv's kernel does."""
+    cx, cy = boxes[:, 0], boxes[:, 1]
+    half_x, half_y = boxes[:, 3] / 2, boxes[:, 4] / 2
+    x = torch.stack((cx - half_x, cx + half_x, cx + half_x, cx - half_x))
+    y = torch.stack((cy - half_y, cy - half_y, cy + half_y, cy + half_y))
+    angle = boxes[:, 6].double()
     cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
-    dx = points[..., 0] - boxes[:, 0:1]
-    dy = points[..., 1] - boxes[:, 1:2]
+    dx, dy = x - cx, y - cy
+    return dx * cos - dy * sin + cx, dx * sin + dy * cos + cy
+
+
+def _inside(boxes: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``[4, P]``: corner ``(x, y)`` inside box ``p``, with mmcv's 1e-2 margin."""
+    angle = -boxes[:, 6].double()
+    cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
+    dx, dy = x - boxes[:, 0], y - boxes[:, 1]
     rot_x = dx * cos + dy * (-sin)
     rot_y = dx * sin + dy * cos
-    return (rot_x.abs() < boxes[:, 3:4] / 2 + _MARGIN) & (rot_y.abs() < boxes[:, 4:5] / 2 + _MARGIN)
+    return (rot_x.abs() < boxes[:, 3] / 2 + _MARGIN) & (rot_y.abs() < boxes[:, 4] / 2 + _MARGIN)
 
 
-def _cross(ax: Any, ay: Any, bx: Any, by: Any, ox: Any, oy: Any) -> Any:
-    return (ax - ox) * (by - oy) - (bx - ox) * (ay - oy)
+def _crossings(
+    ax: torch.Tensor, ay: torch.Tensor, bx: torch.Tensor, by: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Edge crossings of the corner planes ``a``, ``b [4, P]``: ``x, y, valid [16, P]``.
 
-
-def _crossings(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Edge crossings of polygons ``a``, ``b [P, 4, 2]``: points ``[P, 16, 2]``, valid ``[P, 16]``."""
-    a0, a1 = a, a.roll(-1, 1)
-    b0, b1 = b, b.roll(-1, 1)
-    # Edge i of a against edge j of b: [P, 4, 4].
-    p0x, p0y = a0[:, :, None, 0], a0[:, :, None, 1]
-    p1x, p1y = a1[:, :, None, 0], a1[:, :, None, 1]
-    q0x, q0y = b0[:, None, :, 0], b0[:, None, :, 1]
-    q1x, q1y = b1[:, None, :, 0], b1[:, None, :, 1]
+    mmcv's ``intersection(p1, p0, q1, q0)`` for edge ``p0 -> p1`` of ``a`` against edge
+    ``q0 -> q1`` of ``b``, its cross products built from the same coordinate
+    differences (so the same floats), each difference computed once.
+    """
+    p0x, p0y = ax[:, None], ay[:, None]  # [4, 1, P]: edge i of a
+    p1x, p1y = ax.roll(-1, 0)[:, None], ay.roll(-1, 0)[:, None]
+    q0x, q0y = bx[None], by[None]  # [1, 4, P]: edge j of b
+    q1x, q1y = bx.roll(-1, 0)[None], by.roll(-1, 0)[None]
     boxes_meet = (
         (torch.minimum(p0x, p1x) <= torch.maximum(q0x, q1x))
         & (torch.minimum(q0x, q1x) <= torch.maximum(p0x, p1x))
         & (torch.minimum(p0y, p1y) <= torch.maximum(q0y, q1y))
         & (torch.minimum(q0y, q1y) <= torch.maximum(p0y, p1y))
     )
-    s1 = _cross(q0x, q0y, p1x, p1y, p0x, p0y)
-    s2 = _cross(p1x, p1y, q1x, q1y, p0x, p0y)
-    s3 = _cross(p0x, p0y, q1x, q1y, q0x, q0y)
-    s4 = _cross(q1x, q1y, p1x, p1y, q0x, q0y)
+    ex, ey = p1x - p0x, p1y - p0y  # edge of a
+    fx, fy = q1x - q0x, q1y - q0y  # edge of b
+    d0x, d0y = q0x - p0x, q0y - p0y  # [4, 4, P]
+    d1x, d1y = q1x - p0x, q1y - p0y
+    gx, gy = p1x - q0x, p1y - q0y
+    s1 = d0x * ey - ex * d0y  # cross(q0, p1, p0)
+    s2 = ex * d1y - d1x * ey  # cross(p1, q1, p0)
+    s3 = (-d0x) * fy - fx * (-d0y)  # cross(p0, q1, q0)
+    s4 = fx * gy - gx * fy  # cross(q1, p1, q0)
+    s5 = -s2  # cross(q1, p1, p0): the same two products, subtracted the other way
     valid = boxes_meet & (s1 * s2 > 0) & (s3 * s4 > 0)
-    s5 = _cross(q1x, q1y, p1x, p1y, p0x, p0y)
     general = (s5 - s1).abs() > _EPS
     denominator = torch.where(general, s5 - s1, torch.ones_like(s1))
     x = (s5 * q0x - s1 * q1x) / denominator
     y = (s5 * q0y - s1 * q1y) / denominator
-    # Nearly parallel: mmcv intersects the two lines in implicit form.
-    a0_, b0_ = p0y - p1y, p1x - p0x
-    c0_ = p0x * p1y - p1x * p0y
-    a1_, b1_ = q0y - q1y, q1x - q0x
-    c1_ = q0x * q1y - q1x * q0y
-    d = a0_ * b1_ - a1_ * b0_
-    d = torch.where(d == 0, torch.ones_like(d), d)
-    x = torch.where(general, x, (b0_ * c1_ - b1_ * c0_) / d)
-    y = torch.where(general, y, (a1_ * c0_ - a0_ * c1_) / d)
-    points = torch.stack((x, y), 3).reshape(a.shape[0], 16, 2)
-    return points, valid.reshape(a.shape[0], 16)
+    if not bool((general | ~valid).all()):
+        # Nearly parallel: mmcv intersects the two lines in implicit form.
+        a0, b0, c0 = p0y - p1y, ex, p0x * p1y - p1x * p0y
+        a1, b1, c1 = q0y - q1y, fx, q0x * q1y - q1x * q0y
+        d = a0 * b1 - a1 * b0
+        d = torch.where(d == 0, torch.ones_like(d), d)
+        x = torch.where(general, x, (b0 * c1 - b1 * c0) / d)
+        y = torch.where(general, y, (a1 * c0 - a0 * c1) / d)
+    pairs = ax.shape[1]
+    return x.reshape(16, pairs), y.reshape(16, pairs), valid.reshape(16, pairs)
 
 
 def _pair_overlaps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Intersection areas of box pairs ``a[p]``, ``b[p]`` ``[P, 7]`` (float32)."""
-    corners_a, corners_b = _corners(a), _corners(b)
-    crossings, crossing_valid = _crossings(corners_a, corners_b)
-    points = torch.cat((crossings, corners_b, corners_a), 1)  # [P, 24, 2]
-    valid = torch.cat((crossing_valid, _inside(a, corners_b), _inside(b, corners_a)), 1)
-    weight = valid.to(points.dtype).unsqueeze(2)
-    count = valid.sum(1, keepdim=True).clamp(min=1).to(points.dtype)
-    centre = (points * weight).sum(1) / count  # [P, 2]
-    angle = torch.atan2(points[..., 1] - centre[:, 1:2], points[..., 0] - centre[:, 0:1])
+    ax, ay = _corners(a)
+    bx, by = _corners(b)
+    cross_x, cross_y, cross_valid = _crossings(ax, ay, bx, by)
+    x = torch.cat((cross_x, bx, ax))  # [24, P]
+    y = torch.cat((cross_y, by, ay))
+    valid = torch.cat((cross_valid, _inside(a, bx, by), _inside(b, ax, ay)))
+    weight = valid.to(x.dtype)
+    count = valid.sum(0).clamp(min=1).to(x.dtype)
+    centre_x, centre_y = (x * weight).sum(0) / count, (y * weight).sum(0) / count
+    angle = torch.atan2(y - centre_y, x - centre_x)
     angle = torch.where(valid, angle, torch.full_like(angle, float("inf")))
-    order = torch.sort(angle, dim=1, stable=True).indices
-    ordered = points.gather(1, order.unsqueeze(2).expand(-1, -1, 2))
-    ordered_valid = valid.gather(1, order)
-    relative = ordered - ordered[:, :1]
-    fan = relative[:, :-1, 0] * relative[:, 1:, 1] - relative[:, :-1, 1] * relative[:, 1:, 0]
-    fan = torch.where(ordered_valid[:, 1:], fan, torch.zeros_like(fan))
-    return fan.sum(1).abs() / 2
+    order = torch.sort(angle.t().contiguous(), dim=1, stable=True).indices.t()  # rows: faster
+    x, y, valid = x.gather(0, order), y.gather(0, order), valid.gather(0, order)
+    rel_x, rel_y = x - x[:1], y - y[:1]
+    fan = rel_x[:-1] * rel_y[1:] - rel_y[:-1] * rel_x[1:]
+    fan = torch.where(valid[1:], fan, torch.zeros_like(fan))
+    return fan.sum(0).abs() / 2
 
 
 def _candidates(boxes_a: torch.Tensor, boxes_b: torch.Tensor, upper: bool) -> torch.Tensor:
-    """``[2, P]`` index pairs whose boxes may touch (circumscribed circles, plus margin)."""
+    """``[2, P]`` index pairs whose boxes may touch (circumscribed circles, plus margin).
+
+    ``upper``: only pairs ``i < j`` (NMS on one set). The radii carry a 2e-2 slack, far
+    above float32's error on the centre distances.
+    """
     radius_a = torch.hypot(boxes_a[:, 3], boxes_a[:, 4]) / 2 + 2 * _MARGIN
     radius_b = torch.hypot(boxes_b[:, 3], boxes_b[:, 4]) / 2 + 2 * _MARGIN
     found = []
     step = max(1, _ROW_ELEMENTS // max(1, boxes_b.shape[0]))
     for start in range(0, boxes_a.shape[0], step):
-        rows = slice(start, min(boxes_a.shape[0], start + step))
-        gap = torch.cdist(boxes_a[rows, :2].double(), boxes_b[:, :2].double())
-        near = gap <= (radius_a[rows, None] + radius_b[None, :]).double()
-        if upper:  # NMS: only later boxes (j > i)
-            columns = torch.arange(boxes_b.shape[0], device=near.device)
-            near &= (
-                columns[None, :] > torch.arange(rows.start, rows.stop, device=near.device)[:, None]
-            )
+        stop = min(boxes_a.shape[0], start + step)
+        first_column = start + 1 if upper else 0  # i < j: no column before start + 1
+        columns = boxes_b[first_column:]
+        dx = boxes_a[start:stop, 0:1] - columns[:, 0]
+        dy = boxes_a[start:stop, 1:2] - columns[:, 1]
+        reach = radius_a[start:stop, None] + radius_b[None, first_column:]
+        near = dx.mul_(dx).add_(dy.mul_(dy)) <= reach.mul_(reach)
+        if upper:
+            rows = torch.arange(start, stop, device=near.device)[:, None]
+            near &= torch.arange(first_column, boxes_b.shape[0], device=near.device)[None, :] > rows
         pairs = near.nonzero().t()
         pairs[0] += start
+        pairs[1] += first_column
         found.append(pairs)
     if not found:
         return torch.zeros((2, 0), dtype=torch.long, device=boxes_a.device)
