@@ -113,39 +113,30 @@ class _Samples:
 
     def corners(self) -> tuple[Any, Any]:
         """Per sample, 4 flat pixel indices into ``[N * H * W]`` and bilinear weights."""
-        return _bilinear_corners(self.y, self.x, self.batch, *self.size)
+        import torch
+
+        index, weights = _bilinear_corners(self.y, self.x, self.batch, *self.size)
+        return torch.stack(index, 1), torch.stack(weights, 1)
 
 
 def _bilinear_corners(y: Any, x: Any, batch: Any, height: int, width: int) -> tuple[Any, Any]:
-    """mmcv's ``bilinear_interpolate``: ``[P, 4]`` indices into ``N*H*W`` and weights."""
-    import torch
+    """mmcv's ``bilinear_interpolate``: 4 index tensors into ``N*H*W`` and 4 weights.
 
-    outside = (y < -1.0) | (y > height) | (x < -1.0) | (x > width)
-    y, x = y.clamp(min=0), x.clamp(min=0)
-    y_low, x_low = y.long(), x.long()
-    y_edge, x_edge = y_low >= height - 1, x_low >= width - 1
-    y_low = torch.where(y_edge, height - 1, y_low)
-    x_low = torch.where(x_edge, width - 1, x_low)
-    y = torch.where(y_edge, y_low.to(y.dtype), y)
-    x = torch.where(x_edge, x_low.to(x.dtype), x)
-    y_high = torch.where(y_edge, y_low, y_low + 1)
-    x_high = torch.where(x_edge, x_low, x_low + 1)
-    ly, lx = y - y_low, x - x_low
-    hy, hx = 1 - ly, 1 - lx
-    weights = torch.stack((hy * hx, hy * lx, ly * hx, ly * lx), 1)
-    weights = torch.where(outside.unsqueeze(1), 0.0, weights)
-    base = batch * (height * width)
-    index = torch.stack(
-        (
-            y_low * width + x_low,
-            y_low * width + x_high,
-            y_high * width + x_low,
-            y_high * width + x_high,
-        ),
-        1,
-    )
-    index = torch.where(outside.unsqueeze(1), 0, index) + base.unsqueeze(1)
-    return index, weights
+    Clamping into ``[0, size - 1]`` first is the kernel's rule: below 0 counts as 0,
+    from the last pixel on both corners are the last pixel; more than one pixel
+    outside, every weight is 0.
+    """
+    inside = (y >= -1.0) & (y <= height) & (x >= -1.0) & (x <= width)
+    y, x = y.clamp(0, height - 1), x.clamp(0, width - 1)
+    y_low, x_low = y.floor(), x.floor()
+    ly, lx = (y - y_low) * inside, x - x_low
+    hy, hx = (1 - (y - y_low)) * inside, 1 - lx
+    y_low_i, x_low_i = y_low.long(), x_low.long()
+    row_low = batch * (height * width) + y_low_i * width
+    row_high = row_low + (y_low_i < height - 1) * width
+    x_high_i = x_low_i + (x_low_i < width - 1)
+    index = (row_low + x_low_i, row_low + x_high_i, row_high + x_low_i, row_high + x_high_i)
+    return index, (hy * hx, hy * lx, ly * hx, ly * lx)
 
 
 def _channels_last(input: Any, dtype: Any) -> Any:
@@ -270,16 +261,12 @@ def _portable_align_backward(
     channel_of = torch.arange(channels, device=y.device).repeat_interleave(pooled[0] * pooled[1])
     channel_of = channel_of.repeat(rois_count)
     image = rois[:, 0].long()[roi_of]
+    grads = grad_output.to(wide).flatten() * (y != -1.0)
     index, weights = _bilinear_corners(y, x, image * channels + channel_of, height, width)
-    weights = torch.where((y == -1.0).unsqueeze(1), 0.0, weights)
-    values = weights * grad_output.to(wide).flatten().unsqueeze(1)
-    flat = grad_input.view(-1) if grad_input.is_contiguous() else None
-    if flat is not None:
-        flat.index_add_(0, index.flatten(), values.flatten().to(grad_input.dtype))
-    else:
-        total = torch.zeros(grad_input.numel(), dtype=wide, device=grad_input.device)
-        total.index_add_(0, index.flatten(), values.flatten())
-        grad_input += total.view(grad_input.shape).to(grad_input.dtype)
+    total = torch.zeros(grad_input.numel(), dtype=wide, device=grad_input.device)
+    for corner, weight in zip(index, weights, strict=True):
+        total.index_add_(0, corner, weight * grads)
+    grad_input += total.view(grad_input.shape).to(grad_input.dtype)
 
 
 def _use_npu_kernel(features: Any, rois: Any, pool_mode: int, ratio: int, aligned: bool) -> bool:
