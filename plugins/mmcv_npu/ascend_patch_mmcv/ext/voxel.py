@@ -166,7 +166,7 @@ def hard_voxelize_forward(
     if kept.numel() == 0:
         voxel_num.fill_(0)
         return
-    cells = cells[kept].long()
+    cells = cells.index_select(0, kept).long()
     # One int64 key per cell, x fastest (the order of mmcv's coor_to_voxelidx table).
     strides = torch.cumprod(torch.cat((grid.new_ones(1), grid[:-1])), 0)
     keys = (cells * strides).sum(dim=1)
@@ -188,7 +188,12 @@ def hard_voxelize_forward(
     take = ((voxel_of < max_voxels) & (slot < max_points)).nonzero().squeeze(1)
     count = min(int(first_point.numel()), max_voxels)
     taken_voxels = voxel_of[take]
-    voxels[taken_voxels, slot[take]] = points[kept[order[take]]].to(voxels.dtype)
+    rows = points.index_select(0, kept[order[take]]).to(voxels.dtype)
+    if voxels.is_contiguous():  # one flat index: index_copy_ is ~10x index_put_ on two
+        flat = voxels.view(-1, voxels.shape[2])
+        flat.index_copy_(0, taken_voxels * voxels.shape[1] + slot[take], rows)
+    else:
+        voxels[taken_voxels, slot[take]] = rows
     num_points_per_voxel[:count] = torch.bincount(taken_voxels, minlength=count)[:count].to(
         num_points_per_voxel.dtype
     )
