@@ -9,19 +9,16 @@ tiny inputs, or the formula in PyTorch with autograd for gradients):
 
 - furthest point sampling: start at 0, take the largest squared distance to the
   chosen set, first of equal maxima; ``temp`` left holding those distances;
-- ball query: first ``nsample`` indices with ``d2 == 0`` or ``min² <= d2 < max²``,
-  filled with the first one; rows without any untouched;
-- knn: nearest ``k`` by squared distance, ascending (distinct distances here);
-  ``idx [B, m, k]``; missing neighbours index 0, distance 1e10;
-- three_nn: three nearest, ascending, ties by lowest index; missing: index 0, inf;
 - gather/group/three_interpolate: indexing, gradients by autograd, backward adds into
   the given buffer;
 - assign_score_withk: the kernel's formula, gradients by autograd; ``aggregate``
   ignored as there.
 
-Tolerances: indices and flags exact; float32 values 1e-5 (sums in another order).
-mmcv's own Python (``mmcv.ops.*``) runs on the family where it can run on CPU (its
-``ext_module`` replaced), so the calls are mmcv's own.
+Ball query, knn and three_nn are in ``test_ext_points_neighbours.py``; their
+mx_driving paths are here, with the others. Tolerances: indices and flags exact;
+float32 values 1e-5 (sums in another order). mmcv's own Python (``mmcv.ops.*``) runs
+on the family where it can run on CPU (its ``ext_module`` replaced), so the calls are
+mmcv's own.
 """
 
 from __future__ import annotations
@@ -211,62 +208,20 @@ def test_furthest_point_sampling_with_dist_through_mmcv(with_ours):
     assert torch.equal(plain[:, :3], with_dist[:, :3])
 
 
-def test_furthest_point_sampling_m_zero_writes_nothing():
+def test_furthest_point_sampling_m_zero_writes_nothing_and_no_points_gives_zeros():
     idx = torch.full((1, 0), 5, dtype=torch.int32)
     family.furthest_point_sampling_forward(
         torch.rand(1, 4, 3), torch.full((1, 4), 1e10), idx, 1, 4, 0
     )
     assert idx.shape == (1, 0)
-
-
-# --- ball query, knn, three_nn -----------------------------------------------------------------
-
-
-def _ball_reference(centres, cloud, low, high, nsample, fill):
-    out = fill.clone()
-    for b in range(centres.shape[0]):
-        for j in range(centres.shape[1]):
-            d2 = ((cloud[b] - centres[b, j]) ** 2).sum(1)
-            hits = [k for k in range(cloud.shape[1]) if d2[k] == 0 or (low**2 <= d2[k] < high**2)]
-            hits = hits[:nsample]
-            if hits:
-                out[b, j] = torch.tensor(hits + [hits[0]] * (nsample - len(hits)))
-    return out
-
-
-@pytest.mark.parametrize(
-    ("b", "n", "m", "low", "high", "nsample"),
-    [
-        (2, 80, 16, 0.0, 0.3, 8),
-        (1, 50, 10, 0.1, 0.4, 5),
-        (2, 6, 4, 0.0, 2.0, 10),
-        (1, 30, 5, 0.0, 0.01, 4),
-    ],
-)
-def test_ball_query_matches_the_reference(with_ours, b, n, m, low, high, nsample):
-    from mmcv.ops import ball_query
-
-    cloud = torch.rand(b, n, 3, generator=_gen(n + m))
-    centres = torch.cat(
-        (cloud[:, : m // 2], torch.rand(b, m - m // 2, 3, generator=_gen(1))), 1
-    ).contiguous()
-    idx = ball_query(low, high, nsample, cloud, centres)
-    expected = _ball_reference(
-        centres, cloud, low, high, nsample, torch.zeros(b, m, nsample, dtype=torch.int32)
+    idx = torch.full((2, 3), 5, dtype=torch.int32)
+    family.furthest_point_sampling_forward(torch.rand(2, 0, 3), torch.zeros(2, 0), idx, 2, 0, 3)
+    assert idx.tolist() == [[0, 0, 0], [0, 0, 0]]
+    idx.fill_(5)
+    family.furthest_point_sampling_with_dist_forward(
+        torch.rand(2, 0, 0), torch.zeros(2, 0), idx, 2, 0, 3
     )
-    assert idx.dtype == torch.int32 and torch.equal(idx, expected)
-
-
-def test_ball_query_leaves_rows_without_neighbours():
-    cloud = torch.rand(1, 20, 3, generator=_gen(2))
-    centres = torch.full((1, 3, 3), 50.0)
-    centres[0, 1] = cloud[0, 4]
-    idx = torch.full((1, 3, 4), -3, dtype=torch.int32)
-    family.ball_query_forward(
-        centres, cloud, idx, b=1, n=20, m=3, min_radius=0.0, max_radius=0.001, nsample=4
-    )
-    assert idx[0, 0].tolist() == [-3] * 4 and idx[0, 2].tolist() == [-3] * 4
-    assert idx[0, 1].tolist() == [4] * 4
+    assert idx.tolist() == [[0, 0, 0], [0, 0, 0]]
 
 
 def _knn_call(cloud, centres, k, **spelling):
@@ -289,63 +244,6 @@ def _knn_call(cloud, centres, k, **spelling):
     else:  # mmcv/ops/knn.py's call
         family.knn_forward(cloud, centres, idx, dist2, b=b, n=n, m=m, nsample=k)
     return idx, dist2
-
-
-@pytest.mark.parametrize("spelling", [{}, {"positional": True}, {"second": True}])
-@pytest.mark.parametrize(
-    ("b", "n", "m", "k"), [(2, 50, 20, 8), (1, 5, 3, 5), (1, 3, 2, 6), (2, 200, 7, 1)]
-)
-def test_knn_matches_the_reference(b, n, m, k, spelling):
-    cloud = torch.rand(b, n, 3, generator=_gen(n))
-    centres = torch.rand(b, m, 3, generator=_gen(m + 100))
-    idx, dist2 = _knn_call(cloud, centres, k, **spelling)
-    for batch in range(b):
-        for j in range(m):
-            d2 = [float(((cloud[batch, i] - centres[batch, j]) ** 2).sum()) for i in range(n)]
-            order = sorted(range(n), key=lambda i, d2=d2: (d2[i], i))[:k]
-            want_idx = order + [0] * (k - len(order))
-            want_d2 = [d2[i] for i in order] + [1e10] * (k - len(order))
-            assert idx[batch, j].tolist() == want_idx
-            torch.testing.assert_close(dist2[batch, j], torch.tensor(want_d2), **TOL)
-
-
-def test_knn_rejects_other_calls_as_mmcv_does():
-    with pytest.raises(TypeError, match="incompatible"):
-        family.knn_forward(1, 5, 2, 2, torch.rand(1, 5, 3))
-
-
-def _three_nn_reference(targets, known):
-    b, n, m = targets.shape[0], targets.shape[1], known.shape[1]
-    dist = torch.full((b, n, 3), float("inf"))
-    idx = torch.zeros(b, n, 3, dtype=torch.int32)
-    for batch in range(b):
-        for i in range(n):
-            best = [(float("inf"), 0)] * 3
-            for k in range(m):  # the kernel's strict-< insertion
-                d = float(((targets[batch, i] - known[batch, k]) ** 2).sum())
-                if d < best[0][0]:
-                    best = [(d, k), best[0], best[1]]
-                elif d < best[1][0]:
-                    best = [best[0], (d, k), best[1]]
-                elif d < best[2][0]:
-                    best = [best[0], best[1], (d, k)]
-            dist[batch, i] = torch.tensor([d for d, _ in best])
-            idx[batch, i] = torch.tensor([k for _, k in best])
-    return dist, idx
-
-
-@pytest.mark.parametrize(("b", "n", "m"), [(2, 40, 12), (1, 10, 2), (1, 4, 1), (1, 20, 20)])
-def test_three_nn_matches_the_reference(with_ours, b, n, m):
-    from mmcv.ops import three_nn
-
-    known = torch.rand(b, m, 3, generator=_gen(m))
-    if m >= 4:
-        known[:, m // 2 :] = known[:, : m - m // 2].clone()  # equal distances: lowest index first
-    targets = torch.rand(b, n, 3, generator=_gen(n))
-    dist, idx = three_nn(targets, known)
-    expected_dist, expected_idx = _three_nn_reference(targets, known)
-    assert torch.equal(idx, expected_idx)
-    torch.testing.assert_close(dist, torch.sqrt(expected_dist), **TOL)
 
 
 # --- gathers and interpolation (forward and backward through mmcv's Functions) -------------
