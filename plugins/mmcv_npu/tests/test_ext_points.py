@@ -456,3 +456,36 @@ def test_mx_driving_paths_of_group_and_interpolate(mx_doubles):
     family.three_interpolate_forward(features.to("npu"), tri_idx, weight, out2, 2, 3, 20, 7)
     assert calls == ["group_points", "three_interpolate"]
     assert torch.equal(out, grouped) and torch.equal(out2, interpolated)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_points_on_rotated_box_faces_equal_mmcvs_kernel(seed):
+    """Points placed on the faces of random (rotated) boxes: the strict/non-strict edges."""
+    g = _gen(seed)
+    count = 8
+    boxes = torch.cat(
+        (
+            torch.rand(count, 3, generator=g) * 4 - 2,
+            torch.rand(count, 3, generator=g) * 2 + 0.1,
+            (torch.rand(count, 1, generator=g) * 6.3 - 3.15) * (seed % 2),
+        ),
+        1,
+    )
+    owner = boxes[torch.randint(0, count, (300,), generator=g)]
+    local = torch.rand(300, 3, generator=g) * 2 - 1
+    face = torch.randint(0, 3, (300,), generator=g)
+    local[torch.arange(300), face] = local[torch.arange(300), face].sign()
+    lx, ly, lz = (
+        local[:, 0] * owner[:, 3] / 2,
+        local[:, 1] * owner[:, 4] / 2,
+        (local[:, 2] + 1) * owner[:, 5] / 2,
+    )
+    cos, sin = torch.cos(owner[:, 6]), torch.sin(owner[:, 6])
+    cloud = torch.stack(
+        (owner[:, 0] + lx * cos - ly * sin, owner[:, 1] + lx * sin + ly * cos, owner[:, 2] + lz), 1
+    )
+    expected = torch.zeros(count, 300, dtype=torch.int)
+    compiled.points_in_boxes_cpu_forward(boxes, cloud, expected)
+    actual = torch.zeros(count, 300, dtype=torch.int)
+    family.points_in_boxes_cpu_forward(boxes, cloud, actual)
+    assert torch.equal(actual, expected)

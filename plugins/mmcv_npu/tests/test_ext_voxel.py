@@ -303,3 +303,39 @@ def test_dynamic_scatter_on_non_contiguous_and_fp64_inputs(with_ours):
     expected, expected_coors, _, _ = _scatter_reference(feats.double(), coors, "max")
     assert out.dtype == torch.float64
     assert torch.equal(out_coors, expected_coors) and torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_configurations_with_points_on_cell_boundaries(seed):
+    """Random voxel sizes (inexact ones too), ranges, dtypes and budgets: still bit-equal."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    size = [pick([0.05, 0.075, 0.1, 0.16, 0.25, 0.3, 1.0]) for _ in range(3)]
+    low = (torch.rand(3, generator=g) * -5).tolist()
+    bounds = low + [v + float(torch.rand(1, generator=g)) * 6 + 0.5 for v in low]
+    count = pick([1, 100, 1000])
+    points = torch.rand(count, 4, generator=g) * torch.tensor([8.0, 8, 8, 1]) - torch.tensor(
+        [6.0, 6, 6, 0]
+    )
+    snapped = count // 3  # exactly on cell boundaries (and outside the grid)
+    cells = torch.randint(-2, 40, (snapped, 3), generator=g).float()
+    points[:snapped, :3] = torch.tensor(low) + cells * torch.tensor(size)
+    points = points.to(pick([torch.float32, torch.float64, torch.float16]))
+    max_points, max_voxels = pick([1, 3, 35]), pick([1, 10, 5000])
+    expected = _hard(compiled.hard_voxelize_forward, points, size, bounds, max_points, max_voxels)
+    actual = _hard(voxel.hard_voxelize_forward, points, size, bounds, max_points, max_voxels)
+    for a, b in zip(actual, expected, strict=True):
+        assert torch.equal(a, b)
+    coors = {}
+    for key, function in (
+        ("mmcv", compiled.dynamic_voxelize_forward),
+        ("ours", voxel.dynamic_voxelize_forward),
+    ):
+        coors[key] = torch.zeros((count, 3), dtype=torch.int)
+        function(
+            points, torch.tensor(size), torch.tensor(bounds, dtype=torch.float), coors[key], NDim=3
+        )
+    assert torch.equal(coors["ours"], coors["mmcv"])
