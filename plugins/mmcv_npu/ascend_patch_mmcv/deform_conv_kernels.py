@@ -6,10 +6,11 @@ with interleaved ``(dy, dx)`` pairs per kernel tap, ``mask [N, dg*kh*kw, Ho, Wo]
 ``padding``, ``dilation`` as ints or pairs -- and return ``[N, Cout, Ho, Wo]``,
 differentiable in input, offset, mask, weight and bias:
 
-* :func:`portable` -- PyTorch only: bilinear samples gathered for every tap at once
-  (no loop over positions), then one grouped matrix product; autograd gives the
-  backward. Sampling follows mmcv's kernels: a point at or beyond one pixel outside the
-  map gives 0, corners outside the map count as 0.
+* :func:`portable` -- PyTorch only: every tap's bilinear sample of every channel in one
+  ``embedding_bag`` over the channels-last map (no loop over positions), then one
+  grouped matrix product; autograd gives the backward. Sampling follows mmcv's
+  kernels: a point at or beyond one pixel outside the map gives 0, corners outside the
+  map count as 0.
 * :func:`torch_npu_kernel` -- ``torch_npu.npu_deformable_conv2d``, whose offsets are all
   x then all y (then the mask); its backward is ``npu_deformable_conv2dbk``.
 * :func:`mx_driving_kernel` -- DrivingSDK's ``modulated_deform_conv2d`` /
@@ -33,26 +34,26 @@ def _pair(value: Any) -> tuple[int, int]:
     return int(first), int(second)
 
 
-def _sample(images: Any, y: Any, x: Any) -> Any:
-    """Bilinear samples of ``images [N, G, C, H, W]`` at ``y, x [N, G, P]`` -> ``[N, G, C, P]``."""
+def _corners(y: Any, x: Any, weight: Any, height: int, width: int) -> tuple[Any, Any]:
+    """Bilinear corners of samples at ``y, x``: flat pixel indices and weights, ``[..., 4]``.
+
+    mmcv's rule: a sample at or beyond one pixel outside the map is 0, corners outside
+    the map count as 0. ``weight`` (the mask, validity) multiplies every corner.
+    """
     import torch
 
-    height, width = images.shape[-2:]
-    flat = images.flatten(-2)
+    weight = weight * ((y > -1) & (y < height) & (x > -1) & (x < width))
     y0, x0 = y.floor(), x.floor()
     ly, lx = y - y0, x - x0
-    total = None
+    y0, x0 = y0.long(), x0.long()
+    index, weights = [], []
     for dy, wy in ((0, 1 - ly), (1, ly)):
         for dx, wx in ((0, 1 - lx), (1, lx)):
             yy, xx = y0 + dy, x0 + dx
             inside = (yy >= 0) & (yy < height) & (xx >= 0) & (xx < width)
-            index = (yy.clamp(0, height - 1) * width + xx.clamp(0, width - 1)).long()
-            gathered = flat.gather(3, index.unsqueeze(2).expand(-1, -1, flat.shape[2], -1))
-            term = gathered * (wy * wx * inside).unsqueeze(2)
-            total = term if total is None else total + term
-    assert total is not None
-    valid = (y > -1) & (y < height) & (x > -1) & (x < width)
-    return torch.where(valid.unsqueeze(2), total, total.new_zeros(()))
+            index.append(yy.clamp(0, height - 1) * width + xx.clamp(0, width - 1))
+            weights.append(wy * wx * weight * inside)
+    return torch.stack(index, -1), torch.stack(weights, -1)
 
 
 def portable(
@@ -67,33 +68,56 @@ def portable(
     groups: int = 1,
     deform_groups: int = 1,
 ) -> Any:
-    """Modulated deformable convolution in PyTorch; ``mask=None`` is DCNv1 (all ones)."""
+    """Modulated deformable convolution in PyTorch; ``mask=None`` is DCNv1 (all ones).
+
+    The columns (every tap's bilinear sample of every channel) come from one
+    ``embedding_bag``: the map is a channels-last table of pixels, each sample a bag of
+    its 4 corners weighted by bilinear weight x mask, so no per-corner
+    ``channels x samples`` tensor is built; autograd differentiates through the table
+    (input) and the per-sample weights (offsets, mask).
+    """
     import torch
+    import torch.nn.functional as F
 
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
     batch, channels, height, width = input.shape
     out_channels, _, kh, kw = weight.shape
     out_h = (height + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
     out_w = (width + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
-    taps, dg = kh * kw, deform_groups
+    taps, dg, positions = kh * kw, deform_groups, out_h * out_w
     dtype = torch.promote_types(input.dtype, offset.dtype)
+    device = input.device
     offsets = offset.to(dtype).view(batch, dg, taps, 2, out_h, out_w)
-    rows = torch.arange(out_h, device=input.device, dtype=dtype).view(out_h, 1) * sh - ph
-    cols = torch.arange(out_w, device=input.device, dtype=dtype).view(1, out_w) * sw - pw
-    tap_y = (torch.arange(kh, device=input.device, dtype=dtype) * dh).repeat_interleave(kw)
-    tap_x = (torch.arange(kw, device=input.device, dtype=dtype) * dw).repeat(kh)
-    y = rows + tap_y.view(taps, 1, 1) + offsets[:, :, :, 0]
-    x = cols + tap_x.view(taps, 1, 1) + offsets[:, :, :, 1]
-    images = input.to(dtype).view(batch, dg, channels // dg, height, width)
-    samples = _sample(images, y.flatten(2), x.flatten(2))
-    samples = samples.view(batch, dg, channels // dg, taps, out_h * out_w)
-    if mask is not None:
-        samples = samples * mask.to(dtype).view(batch, dg, 1, taps, out_h * out_w)
-    # [N, C, taps, L] -> per convolution group [N, g, C/g * taps, L]: the weight's own
-    # (channel, kh, kw) order.
-    columns = samples.reshape(batch, groups, channels // groups * taps, out_h * out_w)
+    rows = torch.arange(out_h, device=device, dtype=dtype).view(out_h, 1) * sh - ph
+    cols = torch.arange(out_w, device=device, dtype=dtype).view(1, out_w) * sw - pw
+    tap_y = (torch.arange(kh, device=device, dtype=dtype) * dh).repeat_interleave(kw)
+    tap_x = (torch.arange(kw, device=device, dtype=dtype) * dw).repeat(kh)
+    # Samples ordered (n, position, deform group, tap): [N, L, dg, taps].
+    y = (rows + tap_y.view(taps, 1, 1) + offsets[:, :, :, 0]).flatten(3).permute(0, 3, 1, 2)
+    x = (cols + tap_x.view(taps, 1, 1) + offsets[:, :, :, 1]).flatten(3).permute(0, 3, 1, 2)
+    scale = (
+        torch.ones((), device=device, dtype=dtype)
+        if mask is None
+        else mask.to(dtype).view(batch, dg, taps, positions).permute(0, 3, 1, 2)
+    )
+    index, weights = _corners(y, x, scale, height, width)
+    # One table of pixels per (image, deform group): [N * dg * H * W, C / dg].
+    image = torch.arange(batch, device=device).view(batch, 1, 1, 1) * dg
+    image = image + torch.arange(dg, device=device).view(1, 1, dg, 1)
+    index = (index + (image * (height * width)).unsqueeze(-1)).flatten()
+    table = input.to(dtype).view(batch, dg, channels // dg, height, width)
+    table = table.permute(0, 1, 3, 4, 2).reshape(-1, channels // dg)
+    bags = torch.arange(0, index.numel(), 4, device=device)
+    columns = F.embedding_bag(
+        index, table, bags, mode="sum", per_sample_weights=weights.flatten().to(table.dtype)
+    )
+    # [N*L, dg, taps, C/dg] -> per convolution group [N*L, g, C/g * taps]: the weight's
+    # own (channel, kh, kw) order.
+    columns = columns.view(batch * positions, dg, taps, channels // dg).transpose(2, 3)
+    columns = columns.reshape(batch * positions, groups, channels // groups * taps)
     kernel = weight.to(dtype).reshape(groups, out_channels // groups, -1)
-    out = torch.einsum("gok,ngkl->ngol", kernel, columns).reshape(batch, out_channels, out_h, out_w)
+    out = torch.einsum("lgk,gok->lgo", columns, kernel).reshape(batch, out_h, out_w, out_channels)
+    out = out.permute(0, 3, 1, 2)
     if bias is not None and bias.numel():
         out = out + bias.to(dtype).view(1, -1, 1, 1)
     return out.to(input.dtype)
