@@ -124,6 +124,16 @@ def test_roi_align_matches_mmcvs_cpu_kernel(mode, aligned, ratio, rois):
     _same(_align(compiled, *args), _align(roi, *args), F32)
 
 
+@pytest.mark.parametrize("ratio", [0, 2], ids=["adaptive", "ratio2"])
+def test_roi_align_max_ties_record_the_first_sample(ratio):
+    # A flat map: every sample of a bin ties; mmcv keeps the first (strictly greater).
+    x = torch.full((1, 2, 8, 8), 3.0)
+    x[0, 1] = -20000.0  # below the kernel's starting maximum: no sample wins
+    boxes = torch.tensor([[0, 0.0, 0.0, 28.0, 28.0], [0, 4.0, 8.0, 20.0, 12.0]])
+    args = (x, boxes, (2, 3), 0.25, ratio, 0, True)
+    _same(_align(compiled, *args), _align(roi, *args), F32)
+
+
 def test_roi_align_scale_one_and_square_bins():
     x = torch.randn(1, 3, 9, 9, generator=torch.Generator().manual_seed(2))
     boxes = _rois(12, batch=1, extent=(9.0, 9.0)) / torch.tensor([1, 4, 4, 4, 4.0])

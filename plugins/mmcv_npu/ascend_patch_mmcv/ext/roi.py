@@ -198,14 +198,21 @@ def _portable_align(
         points,
     )
     channels = table.shape[1]
-    best = table.new_full((samples.bins, channels), _MAX_START)
-    spread = samples.bin.unsqueeze(1).expand(-1, channels)
-    best.scatter_reduce_(0, spread, values, "amax", include_self=True)
-    # The first sample reaching the maximum (strictly above the start value) wins.
-    winner = (values == best[samples.bin]) & (values > _MAX_START)
-    order = torch.arange(points, device=values.device).unsqueeze(1).expand(-1, channels)
-    first = torch.full_like(best, points, dtype=torch.long)
-    first.scatter_reduce_(0, spread, torch.where(winner, order, points), "amin", include_self=True)
+    if sampling_ratio > 0:
+        # Every bin has the same samples, in a row: a plain max (its index is the first).
+        best, first = values.view(samples.bins, -1, channels).max(1)
+        first += torch.arange(0, points, points // samples.bins, device=first.device).unsqueeze(1)
+        first = torch.where(best > _MAX_START, first, points)
+        best = best.clamp(min=_MAX_START)
+    else:
+        best = table.new_full((samples.bins, channels), _MAX_START)
+        spread = samples.bin.unsqueeze(1).expand(-1, channels)
+        best.scatter_reduce_(0, spread, values, "amax", include_self=True)
+        # The first sample reaching the maximum (strictly above the start value) wins.
+        winner = (values == best[samples.bin]) & (values > _MAX_START)
+        order = torch.arange(points, device=values.device).unsqueeze(1).expand(-1, channels)
+        first = torch.full_like(best, points, dtype=torch.long)
+        first.scatter_reduce_(0, spread, torch.where(winner, order, points), "amin")
     found = first < points
     picked = first.clamp(max=max(points - 1, 0))
     if points:
