@@ -7,9 +7,8 @@ order, the same groups, the same ``dets`` written in place. The one tolerance:
 Gaussian soft-NMS scores may differ in the last bit (the C library's ``expf`` and
 torch's ``exp`` round a few values differently); its indices are still equal.
 
-Both greedy strategies run (the sweep over ``x1`` for spread-out boxes, blocks in
-score order for crowded ones): ``BLOCK`` is made small so that small inputs take
-several blocks.
+Both greedy strategies run (blocks in score order, then the sweep over ``x1`` for
+what is left): ``BLOCK`` is made small so that small inputs take several blocks.
 """
 
 from __future__ import annotations
@@ -48,9 +47,10 @@ def _scene(seed: int, n: int, field: float) -> tuple[torch.Tensor, torch.Tensor]
     return boxes, scores
 
 
-@pytest.fixture(params=[4, 32, ours.BLOCK], ids=lambda b: f"block{b}")
+@pytest.fixture(params=[(4, 1), (32, 8), (ours.BLOCK, ours.FIRST_BLOCK)], ids=str)
 def block(request, monkeypatch):
-    monkeypatch.setattr(ours, "BLOCK", request.param)
+    monkeypatch.setattr(ours, "BLOCK", request.param[0])
+    monkeypatch.setattr(ours, "FIRST_BLOCK", request.param[1])
     return request.param
 
 
@@ -71,21 +71,21 @@ def test_nms_and_nms_match_equal_the_compiled_kernels(block, field, offset, thre
 
 
 def test_both_greedy_strategies_run(monkeypatch):
-    """Spread-out boxes take the sweep's pair list, crowded ones the score-order blocks."""
+    """Crowded boxes end in the score-order blocks; spread-out ones hand over to the sweep."""
     calls: list[int] = []
-    original = ours._greedy_in_score_order
+    original = ours._greedy_swept
 
     def counting(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(ours, "_greedy_in_score_order", counting)
+    monkeypatch.setattr(ours, "_greedy_swept", counting)
     monkeypatch.setattr(ours, "BLOCK", 16)
-    spread, scores = _scene(1, 400, 5000.0)
-    assert torch.equal(ours.nms(spread, scores, 0.5, 0), compiled.nms(spread, scores, 0.5, 0))
-    assert calls == []
     crowded, scores = _scene(2, 400, 10.0)
     assert torch.equal(ours.nms(crowded, scores, 0.5, 0), compiled.nms(crowded, scores, 0.5, 0))
+    assert calls == []
+    spread, scores = _scene(1, 400, 5000.0)
+    assert torch.equal(ours.nms(spread, scores, 0.5, 0), compiled.nms(spread, scores, 0.5, 0))
     assert calls == [1]
 
 

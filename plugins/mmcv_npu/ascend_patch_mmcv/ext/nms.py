@@ -10,17 +10,24 @@ resolve as mmcv's do.
 
 How it is vectorised (greedy NMS is sequential by definition):
 
-* ``nms`` / ``nms_match``: boxes in score order, in blocks of :data:`BLOCK`. For a
-  block, the IoU of its still-alive boxes with every alive box from the block on is
-  one tensor expression; the greedy pass over the block's boxes is then a loop over
-  the rows of that boolean matrix (a kept box ORs its row into the removed mask; a
+* ``nms`` / ``nms_match``: boxes in score order, in blocks (from :data:`FIRST_BLOCK`
+  doubling to :data:`BLOCK`): the IoU of a block's boxes with every box still in play
+  is one tensor expression, and the greedy pass over the block is a loop over the
+  rows of that boolean matrix (a kept box ORs its row into the removed mask; a
   removed box costs one lookup) -- the "vectorised IoU matrix and a loop over sorted
-  boxes on a bool tensor" formulation. Boxes removed by earlier blocks are dropped
-  before the next block's IoU is computed, so the work follows the kept boxes, as the
-  compiled kernel's does, and memory stays ``BLOCK x N``.
-* ``softnms``: one loop iteration per output box (a round picks the best remaining box,
-  re-weights all the others at once and drops those under ``min_score``): a round
-  depends on the scores the previous one changed, so rounds cannot be merged.
+  boxes on a bool tensor" formulation. Suppressed boxes leave before the next block,
+  so a crowded scene, where a few boxes suppress most, ends after a few blocks, as
+  the compiled kernel's loop does. When those blocks have cost a quarter of what a
+  sweep over ``x1`` would cost, the boxes left go through the sweep instead: in
+  ``x1`` order a block's possible partners form one contiguous range, so the IoU is
+  computed only where boxes can overlap, the passing pairs are listed once, and the
+  greedy pass visits only boxes that suppress any (spread-out scenes, where most
+  boxes are kept).
+* ``softnms``: one loop iteration per output box (a round picks the best remaining
+  box, re-weights all the others at once and drops those under ``min_score``): a
+  round depends on the scores the previous one changed, so rounds cannot be merged.
+  The rounds run on host arrays (numpy): a round is a dozen small operations, and
+  torch's per-call overhead would be most of its time.
 
 Inputs of another floating dtype are computed in float32 (mmcv's CPU and CUDA kernels
 accept float32 only; float64 is computed in float64). There is no NPU kernel here:
@@ -41,10 +48,12 @@ from torch import Tensor
 from .registry import implements
 
 
-__all__ = ["BLOCK", "nms", "nms_match", "softnms"]
+__all__ = ["BLOCK", "FIRST_BLOCK", "nms", "nms_match", "softnms"]
 
-#: Sorted boxes per block of the greedy pass (memory: BLOCK x N booleans per block).
+#: Boxes per block of the greedy pass and of the sweep (memory: BLOCK x N per block).
 BLOCK = 256
+#: The first score-order block (blocks double from here up to BLOCK).
+FIRST_BLOCK = 32
 
 
 def _overlaps(rows: tuple[Tensor, ...], cols: tuple[Tensor, ...], offset: int) -> Tensor:
@@ -119,31 +128,48 @@ def _greedy(
     inclusive: bool,
     groups: dict[int, np.ndarray] | None,
 ) -> np.ndarray:
-    """Sorted positions (ranks into ``order``) of the boxes greedy NMS keeps.
+    """Ranks (positions in ``order``, ascending) of the boxes greedy NMS keeps.
 
     ``groups`` (nms_match) gets, for each kept rank that suppresses any, the ranks it
-    suppresses, ascending. Two exact ways, chosen by the work each needs: spread-out
-    boxes (few overlap) go through the ``x1`` sweep's pair list; crowded ones (most
-    overlap, most are suppressed) through blocks in score order, which skip the boxes
-    already suppressed, as the compiled kernel does.
+    suppresses, ascending. Blocks in score order come first (growing from
+    :data:`FIRST_BLOCK` to :data:`BLOCK`): each drops the boxes its kept boxes suppress
+    before the next, so crowded scenes (a few kept boxes suppress most) end after a
+    few blocks, as the compiled kernel's loop does. Once those blocks have cost a
+    quarter of what the ``x1`` sweep would cost for all boxes, the boxes still in play
+    go through the sweep's pair list instead (spread-out scenes: most boxes are kept,
+    few overlap). Both are exact; the split only moves work.
     """
     limit = torch.tensor(threshold, dtype=boxes[0].dtype, device=boxes[0].device)
 
     def passes(iou: Tensor) -> Tensor:  # limit: a C++ float in mmcv's kernel
         return (iou >= limit) if inclusive else (iou > limit)
 
-    count = order.numel()
-    sweep = _Sweep(boxes, threshold, offset, inclusive)
-    if sweep.work > count * count // 4:
-        return _greedy_in_score_order(boxes, order, offset, passes, groups)
-    first, second = sweep.pairs(offset, passes)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(count, device=order.device)
-    a, b = rank[first], rank[second]
+    ranked = tuple(t[order] for t in boxes)
+    sweep = _Sweep(ranked, threshold, offset, inclusive)
+    kept, alive = _greedy_in_score_order(ranked, offset, passes, groups, sweep.work // 4)
+    if alive.numel():
+        kept.append(_greedy_swept(ranked, alive, threshold, offset, inclusive, passes, groups))
+    return np.sort(np.concatenate(kept)) if kept else np.empty(0, dtype=np.int64)
+
+
+def _greedy_swept(
+    ranked: tuple[Tensor, ...],
+    alive: Tensor,
+    threshold: float,
+    offset: int,
+    inclusive: bool,
+    passes: Any,
+    groups: dict[int, np.ndarray] | None,
+) -> np.ndarray:
+    """Greedy over the boxes ``alive`` (ranks, ascending) through the sweep's pair list."""
+    boxes = tuple(t[alive] for t in ranked)  # index order is rank order
+    count = alive.numel()
+    a, b = _Sweep(boxes, threshold, offset, inclusive).pairs(offset, passes)
     keys = (torch.minimum(a, b) * count + torch.maximum(a, b)).sort()[0].cpu().numpy()
     suppressor, suppressed = keys // count, keys % count
     rows, starts = np.unique(suppressor, return_index=True)
     bounds = np.append(starts, len(keys))
+    ranks = alive.cpu().numpy()
     removed = np.zeros(count, dtype=bool)
     # A box is suppressed only by a box ranked before it: a box is kept exactly when no
     # kept box before it suppresses it, so only rows that suppress any need a visit.
@@ -152,25 +178,31 @@ def _greedy(
             continue
         victims = suppressed[bounds[k] : bounds[k + 1]]
         if groups is not None:
-            groups[row] = victims[~removed[victims]]
+            groups[int(ranks[row])] = ranks[victims[~removed[victims]]]
         removed[victims] = True
-    return np.flatnonzero(~removed)
+    return ranks[~removed]
 
 
 def _greedy_in_score_order(
-    boxes: tuple[Tensor, ...],
-    order: Tensor,
+    ranked: tuple[Tensor, ...],
     offset: int,
     passes: Any,
     groups: dict[int, np.ndarray] | None,
-) -> np.ndarray:
-    """The greedy pass over blocks of boxes in score order, each against the boxes still alive."""
-    ranked = tuple(t[order] for t in boxes)
+    budget: int,
+) -> tuple[list[np.ndarray], Tensor]:
+    """Blocks of boxes in score order against the boxes still alive, within ``budget``.
+
+    Returns the kept ranks and the ranks still undecided when the budget ran out.
+    """
     kept: list[int] = []
-    alive = torch.arange(order.numel(), device=order.device)
+    alive = torch.arange(ranked[0].numel(), device=ranked[0].device)
+    size, spent = min(FIRST_BLOCK, BLOCK), 0
     while alive.numel():
+        size = min(size, alive.numel())
+        if spent + size * alive.numel() > budget and spent:
+            break
+        spent += size * alive.numel()
         cols = tuple(t[alive] for t in ranked)
-        size = min(BLOCK, alive.numel())
         matrix = passes(_overlaps(tuple(c[:size] for c in cols), cols, offset)).cpu().numpy()
         positions = alive.cpu().numpy()
         removed = np.zeros(alive.numel(), dtype=bool)
@@ -185,7 +217,8 @@ def _greedy_in_score_order(
             removed |= suppressed
         removed[:size] = True
         alive = alive[torch.from_numpy(~removed).to(alive.device)]
-    return np.asarray(kept, dtype=np.int64)
+        size = min(2 * size, BLOCK)
+    return [np.asarray(kept, dtype=np.int64)], alive
 
 
 def _box_table(boxes: Tensor, offset: int) -> tuple[Tensor, ...]:
@@ -221,7 +254,7 @@ def nms_match(dets: Tensor, iou_threshold: float) -> list[list[int]]:
     ]
 
 
-def _fill_holes(keep: Tensor) -> Tensor:
+def _fill_holes(keep: np.ndarray) -> np.ndarray:
     """The order mmcv's softnms leaves survivors in: a dropped slot takes the last survivor.
 
     Scanning left to right, the kernel replaces a dropped element by the current last
@@ -229,12 +262,8 @@ def _fill_holes(keep: Tensor) -> Tensor:
     the survivors beyond it, the last first.
     """
     count = int(keep.sum())
-    positions = torch.arange(keep.numel(), device=keep.device)
-    head = positions[:count]
-    holes = head[~keep[:count]]
-    tail = positions[count:][keep[count:]].flip(0)
-    result = head.clone()
-    result[holes] = tail
+    result = np.arange(count)
+    result[~keep[:count]] = (np.flatnonzero(keep[count:]) + count)[::-1]
     return result
 
 
@@ -254,52 +283,48 @@ def softnms(
     if boxes.numel() == 0:
         return torch.empty(0, dtype=torch.long, device=boxes.device)
     x1, y1, x2, y2, areas = _box_table(boxes, int(offset))
-    dtype = x1.dtype
-    # One table, permuted as the kernel permutes its arrays: x1 y1 x2 y2 score area index.
-    table = torch.stack([x1, y1, x2, y2, scores.to(dtype), areas], 1)
-    inds = torch.arange(count, dtype=torch.long, device=boxes.device)
-    out = torch.empty((count, 5), dtype=dtype, device=boxes.device)
+    # One table (a row per quantity, so each slice is contiguous), permuted as the
+    # kernel permutes its arrays: x1 y1 x2 y2 score area.
+    table = torch.stack([x1, y1, x2, y2, scores.to(x1.dtype), areas]).cpu().numpy()
+    kind = table.dtype.type
     # mmcv's kernel takes these as C++ floats.
-    threshold, sigma_, floor = (
-        torch.tensor(float(v), dtype=dtype) for v in (iou_threshold, sigma, min_score)
-    )
+    threshold, sigma_, floor = kind(iou_threshold), kind(sigma), kind(min_score)
+    inds = np.arange(count)
+    out = np.empty((count, 5), dtype=table.dtype)
     n = count
     for i in range(count):
         if i >= n:
             break
-        best = i + int(torch.argmax(table[i:n, 4]))
+        best = i + int(np.argmax(table[4, i:n]))  # the first of equal scores, as the kernel's `<`
         if best != i:
-            table[[i, best]] = table[[best, i]]
-            inds[[i, best]] = inds[[best, i]]
-        top = table[i]
-        out[i] = top[:5]
-        rest = table[i + 1 : n]
-        if rest.shape[0] == 0:
+            table[:, [i, best]] = table[:, [best, i]]
+            inds[i], inds[best] = inds[best], inds[i]
+        out[i] = table[:5, i]
+        if i + 1 == n:
             continue
-        w = (torch.minimum(top[2], rest[:, 2]) - torch.maximum(top[0], rest[:, 0]) + offset).clamp(
-            min=0
-        )
-        h = (torch.minimum(top[3], rest[:, 3]) - torch.maximum(top[1], rest[:, 1]) + offset).clamp(
-            min=0
-        )
+        rx1, ry1, rx2, ry2, rscore, rarea = table[:, i + 1 : n]
+        top = table[:, i]
+        w = np.maximum(np.minimum(top[2], rx2) - np.maximum(top[0], rx1) + offset, 0)
+        h = np.maximum(np.minimum(top[3], ry2) - np.maximum(top[1], ry1) + offset, 0)
         inter = w * h
-        ovr = inter / (top[5] + rest[:, 5] - inter)
+        ovr = inter / (top[5] + rarea - inter)
         if method == 0:
-            weight = (~(ovr >= threshold)).to(dtype)
+            weight = (~(ovr >= threshold)).astype(table.dtype)
         elif method == 1:
-            weight = torch.where(ovr >= threshold, 1 - ovr, torch.ones_like(ovr))
+            weight = np.where(ovr >= threshold, 1 - ovr, kind(1))
         elif method == 2:
-            # Rounded from double: the C library's expf is correctly rounded, torch's
-            # float32 exp may be one ulp off, which would reorder tied scores.
-            weight = torch.exp((-(ovr * ovr) / sigma_).double()).to(dtype)
+            # Rounded from double: the C library's expf rounds (nearly) correctly, a
+            # float32 vector exp may be an ulp off, which could reorder tied scores.
+            weight = np.exp((-(ovr * ovr) / sigma_).astype(np.float64)).astype(table.dtype)
         else:
-            weight = torch.ones_like(ovr)
-        rest[:, 4] *= weight
-        keep = ~(rest[:, 4] < floor)
-        if not bool(keep.all()):
+            weight = np.ones_like(ovr)
+        rscore *= weight
+        keep = ~(rscore < floor)
+        if not keep.all():
             permutation = _fill_holes(keep)
-            table[i + 1 : i + 1 + permutation.numel()] = rest[permutation]
-            inds[i + 1 : i + 1 + permutation.numel()] = inds[i + 1 : n][permutation]
-            n = i + 1 + permutation.numel()
-    dets[:n].copy_(out[:n].to(dets.dtype))
-    return inds[:n].clone()
+            stop = i + 1 + permutation.size
+            table[:, i + 1 : stop] = table[:, i + 1 : n][:, permutation]
+            inds[i + 1 : stop] = inds[i + 1 : n][permutation]
+            n = stop
+    dets[:n].copy_(torch.from_numpy(out[:n]).to(dets.dtype))
+    return torch.from_numpy(inds[:n].copy()).to(boxes.device)
