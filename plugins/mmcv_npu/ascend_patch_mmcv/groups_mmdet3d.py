@@ -33,7 +33,7 @@ class NuScenesDataset(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .nuscenes_boxes import nuscenes_dataset_patches
+        from .nuscenes_patches import nuscenes_dataset_patches
 
         return nuscenes_dataset_patches(options)
 
@@ -52,7 +52,7 @@ class NuScenesMetric(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .nuscenes_boxes import nuscenes_metric_patches
+        from .nuscenes_patches import nuscenes_metric_patches
 
         return nuscenes_metric_patches(options)
 

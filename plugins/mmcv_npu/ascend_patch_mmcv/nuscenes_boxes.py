@@ -34,14 +34,15 @@ import functools
 import importlib
 import inspect
 import math
-import sys
 from collections.abc import Callable
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np  # type: ignore[import-not-found]  # (no numpy in the typecheck env)
 
-from ascend_patch_core import AtomicPatch
+from .nuscenes_patches import BOX_FIELDS
+from .nuscenes_patches import DATASET_TARGET
+from .nuscenes_patches import METRIC_TARGET
+from .nuscenes_patches import MONO_DATASET_TARGET
 
 
 __all__ = [
@@ -49,24 +50,8 @@ __all__ = [
     "METRIC_TARGET",
     "MONO_DATASET_TARGET",
     "camera_quaternions",
-    "nuscenes_dataset_patches",
-    "nuscenes_metric_patches",
     "yaw_quaternions",
 ]
-
-METRIC_MODULE = "mmdet3d.evaluation.metrics.nuscenes_metric"
-DATASET_MODULE = "mmdet3d.datasets.nuscenes_dataset"
-MONO_DATASET_MODULE = "mmdet3d.datasets.nuscenes_mono_dataset"
-METRIC_TARGET = f"{METRIC_MODULE}:output_to_nusc_box"
-DATASET_TARGET = f"{DATASET_MODULE}:output_to_nusc_box"
-MONO_DATASET_TARGET = f"{MONO_DATASET_MODULE}:output_to_nusc_box"
-NOTE = "vectorised quaternions and velocities (numpy); one Box per detection, as upstream"
-
-#: The attributes ``nuscenes.utils.data_classes.Box.__init__`` sets, in its order.
-BOX_FIELDS = ("center", "wlh", "orientation", "label", "score", "velocity", "name", "token")
-#: Box columns: x y z, 3 dims, yaw, then 2 velocity columns.
-YAW_COLUMNS = 7
-CAMERA_COLUMNS = 9
 
 
 # -- quaternions -------------------------------------------------------------------------
@@ -365,71 +350,3 @@ def _mono_dataset_replacement(original: Callable[..., Any]) -> Callable[..., Any
         return boxes, attrs
 
     return output_to_nusc_box
-
-
-# -- runtime checks: what the replacement takes; the rest goes to the original ------------
-
-
-def _convertible(boxes: Any, scores: Any, labels: Any, columns: int) -> bool:
-    """Finite boxes of enough columns, with as many scores and labels: what the replacement takes.
-
-    Box.__init__ asserts on a NaN centre or size, pyquaternion raises on an infinite
-    yaw: boxes with a non-finite centre, size or yaw go to the original (one check of
-    the tensor, cheaper than recomputing the centres), which raises its own error or,
-    for an infinite but valid centre, converts them itself.
-    """
-    tensor = boxes.tensor
-    count = len(boxes)
-    if tensor.ndim != 2 or tensor.shape[1] < columns or not tensor.dtype.is_floating_point:
-        return False
-    if scores.ndim != 1 or labels.ndim != 1 or len(scores) < count or len(labels) < count:
-        return False
-    return bool(tensor[:count, :YAW_COLUMNS].isfinite().all())
-
-
-def _metric_check(detection: dict[str, Any]) -> bool:
-    namespace = vars(sys.modules[METRIC_MODULE])
-    bbox3d = detection["bboxes_3d"]
-    if isinstance(bbox3d, namespace["LiDARInstance3DBoxes"]):
-        columns = YAW_COLUMNS
-    elif isinstance(bbox3d, namespace["CameraInstance3DBoxes"]):
-        columns = CAMERA_COLUMNS
-    else:
-        return False
-    return _convertible(bbox3d, detection["scores_3d"], detection["labels_3d"], columns)
-
-
-def _dataset_check(detection: dict[str, Any], with_velocity: Any = True) -> bool:
-    box3d = detection["boxes_3d"]
-    return _convertible(box3d, detection["scores_3d"], detection["labels_3d"], YAW_COLUMNS)
-
-
-def _mono_dataset_check(detection: dict[str, Any]) -> bool:
-    box3d = detection["boxes_3d"]
-    return _convertible(box3d, detection["scores_3d"], detection["labels_3d"], CAMERA_COLUMNS)
-
-
-def nuscenes_metric_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_mmdet3d.NuScenesMetric`."""
-    yield AtomicPatch(
-        METRIC_TARGET,
-        target_wrapper=_metric_replacement,
-        runtime_check=_metric_check,
-        note=NOTE,
-    )
-
-
-def nuscenes_dataset_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patches of :class:`ascend_patch_mmcv.groups_mmdet3d.NuScenesDataset`."""
-    yield AtomicPatch(
-        DATASET_TARGET,
-        target_wrapper=_dataset_replacement,
-        runtime_check=_dataset_check,
-        note=NOTE,
-    )
-    yield AtomicPatch(
-        MONO_DATASET_TARGET,
-        target_wrapper=_mono_dataset_replacement,
-        runtime_check=_mono_dataset_check,
-        note=NOTE,
-    )

@@ -34,7 +34,14 @@ from typing import Any
 from ascend_patch_core import AtomicPatch
 
 from . import kernel_source
-from . import sparse_conv_kernels as kernels
+
+
+def _kernels() -> Any:
+    # Imported at the first call: the kernels import torch, which apply() and doctor
+    # (they build this group's patches) must not.
+    from . import sparse_conv_kernels
+
+    return sparse_conv_kernels
 
 
 __all__ = ["MX_CLASSES", "OP", "REGISTERED", "mx_driving_patches", "sparse_conv_patches"]
@@ -124,7 +131,7 @@ def get_indice_pairs(
     out_shape = _output_shape(
         spatial_shape, ksize, stride, padding, dilation, out_padding, subm, transpose
     )
-    return kernels.indice_pairs(
+    return _kernels().indice_pairs(
         indices,
         batch_size,
         out_shape,
@@ -155,7 +162,7 @@ def indice_conv(
     subm: bool = False,
 ) -> Any:
     _floating(filters)
-    return kernels.indice_conv(
+    return _kernels().indice_conv(
         features, filters, indice_pairs, indice_pair_num, int(num_activate_out), inverse, subm
     )
 
@@ -171,7 +178,7 @@ def fused_indice_conv(
     subm: bool,
 ) -> Any:
     _floating(filters)
-    return kernels.fused_indice_conv(
+    return _kernels().fused_indice_conv(
         features,
         filters,
         bias,
@@ -193,7 +200,7 @@ def indice_conv_backward(
     subm: bool = False,
 ) -> tuple[Any, Any]:
     _floating(filters)
-    return kernels.indice_conv_backward(
+    return _kernels().indice_conv_backward(
         features, filters, out_bp, indice_pairs, indice_pair_num, inverse, subm
     )
 
@@ -202,14 +209,14 @@ def indice_maxpool(
     features: Any, indice_pairs: Any, indice_pair_num: Any, num_activate_out: Any
 ) -> Any:
     _floating(features)
-    return kernels.indice_maxpool(features, indice_pairs, indice_pair_num, int(num_activate_out))
+    return _kernels().indice_maxpool(features, indice_pairs, indice_pair_num, int(num_activate_out))
 
 
 def indice_maxpool_backward(
     features: Any, out_features: Any, out_bp: Any, indice_pairs: Any, indice_pair_num: Any
 ) -> Any:
     _floating(features)
-    return kernels.indice_maxpool_backward(
+    return _kernels().indice_maxpool_backward(
         features, out_features, out_bp, indice_pairs, indice_pair_num
     )
 
