@@ -106,14 +106,21 @@ def _group_dicts(plugin: PluginInfo) -> list[dict[str, Any]]:
     """Each group of the plugin: default or opt-in, and whether it applies here.
 
     ``applicable`` counts the group's patches apply() would install on this machine;
-    ``reason`` is why the first one that would not, is not; ``notes`` collects what its
-    patches say of how they work (an op group's kernel source).
+    ``reason`` is why the others would not be (a switch -- disabled, opt-in -- before
+    the first unmet requirement), or that the group declares none here (an op group
+    with no kernel on this machine); ``notes`` collects what its patches say of how
+    they work (an op group's kernel source).
     """
     groups: list[dict[str, Any]] = []
     for name, (opt_in, requires) in plugin.group_facts.items():
         patches = [p for p in plugin.patches if p.group == name]
         applicable = [p for p in patches if p.applicable]
-        reasons = [p.not_applicable_reason for p in patches if not p.applicable]
+        # A switch (disabled, opt-in) says more than the first unmet requirement.
+        reasons = [p.verdict for p in patches if p.verdict] or [
+            p.not_applicable_reason for p in patches if not p.applicable
+        ]
+        if not patches:
+            reasons = ["declares no patch on this machine"]
         groups.append(
             {
                 "name": name,
@@ -274,7 +281,8 @@ def _group_rows(plugins: list[dict[str, Any]], style: Style) -> list[list[Any]]:
             else:
                 state = style.paint("no", "dim")
             count = f"{group['applicable']}/{group['patches']}"
-            why = "" if group["applicable"] == group["patches"] else group["reason"] or ""
+            complete = group["patches"] and group["applicable"] == group["patches"]
+            why = "" if complete else group["reason"] or ""
             detail = "; ".join([*group["notes"], why] if why else group["notes"])
             kind = "default" if group["default"] else "opt-in"
             rows.append([plugin["name"], group["name"], kind, state, count, detail])

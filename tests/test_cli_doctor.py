@@ -608,6 +608,12 @@ NOTED_PLUGIN = """
             ]
 
 
+    class Empty(Patch):
+        @classmethod
+        def patches(cls, options=None):
+            return []
+
+
     class NotHere(Patch):
         requires = "apx-doc-lib>=9"
         opt_in = True
@@ -623,7 +629,7 @@ NOTED_PLUGIN = """
 
     @hookimpl
     def register_patches():
-        return [FastKernel, NotHere]
+        return [FastKernel, NotHere, Empty]
     """
 
 
@@ -649,14 +655,19 @@ def test_groups_with_their_applicability_and_notes(tmp_path: Path) -> None:
     assert (fast["default"], fast["patches"], fast["applicable"]) == (True, 2, 2)
     assert fast["notes"] == ["kernel: portable"] and fast["reason"] is None
     assert (absent["default"], absent["patches"], absent["applicable"]) == (False, 1, 0)
-    assert "apx-doc-lib>=9" in absent["reason"]
+    # The switch is the reason shown, before the unmet requirement.
+    assert absent["reason"].startswith("opt-in: enable it with ASCEND_PATCH_ENABLE=NotHere")
+    empty = groups["Empty"]
+    assert (empty["patches"], empty["reason"]) == (0, "declares no patch on this machine")
     assert [p["note"] for p in plugin["patches"]] == ["kernel: portable", "kernel: portable", None]
 
     _, text = doctor(tmp_path, env)
-    rows = {line.split()[1]: line for line in text.split("Groups\n", 1)[1].splitlines()[:2]}
+    rows = {line.split()[1]: line for line in text.split("Groups\n", 1)[1].splitlines()[:3]}
     assert rows["FastKernel"].split()[2:5] == ["default", "applies", "2/2"]
     assert rows["FastKernel"].endswith("kernel: portable")
     assert rows["NotHere"].split()[2:5] == ["opt-in", "no", "0/1"]
+    assert rows["Empty"].split()[2:5] == ["default", "no", "0/0"]
+    assert rows["Empty"].endswith("declares no patch on this machine")
     assert not (tmp_path / "apx_doc_lib-was-imported").exists()
 
 
