@@ -39,7 +39,8 @@ from .registry import implements
 __all__ = ["roi_align_backward", "roi_align_forward", "roi_pool_backward", "roi_pool_forward"]
 
 OP = "roi_align"
-_MAX, _AVG = 0, 1
+_SOURCES = (kernel_source.TORCH_NPU, kernel_source.PORTABLE)
+_AVG = 1  # pool_mode: 0 max, 1 average
 #: The CPU kernel's starting maximum: a bin whose samples are all below it keeps it.
 _MAX_START = -10000.0
 
@@ -164,6 +165,30 @@ def _write_bins(target: Any, bins: Any, pooled: tuple[int, int]) -> None:
     target.copy_(bins.view(rois, pooled[0], pooled[1], -1).permute(0, 3, 1, 2))
 
 
+def _grouped_max(values: Any, counts: Any, channels: int) -> tuple[Any, Any]:
+    """Each bin's largest sample (at least the kernel's start) and the first one reaching it.
+
+    Bins are grouped by their sample count (a handful of ``ceil(roi / bin)`` values): a
+    loop over the counts, each a plain max over its bins' rows of samples.
+    """
+    import torch
+
+    points, bins = values.shape[0], counts.shape[0]
+    starts = torch.cumsum(counts, 0) - counts
+    best = values.new_full((bins, channels), _MAX_START)
+    first = torch.full((bins, channels), points, dtype=torch.long, device=values.device)
+    for count in torch.unique(counts).tolist():
+        if count == 0:
+            continue
+        which = (counts == count).nonzero().squeeze(1)
+        rows = starts[which].unsqueeze(1) + torch.arange(count, device=values.device)
+        top, where = values[rows].max(1)
+        wins = top > _MAX_START
+        best[which] = torch.where(wins, top, _MAX_START)
+        first[which] = torch.where(wins, rows.gather(1, where), points)
+    return best, first
+
+
 def _portable_align(
     input: Any,
     rois: Any,
@@ -205,14 +230,7 @@ def _portable_align(
         first = torch.where(best > _MAX_START, first, points)
         best = best.clamp(min=_MAX_START)
     else:
-        best = table.new_full((samples.bins, channels), _MAX_START)
-        spread = samples.bin.unsqueeze(1).expand(-1, channels)
-        best.scatter_reduce_(0, spread, values, "amax", include_self=True)
-        # The first sample reaching the maximum (strictly above the start value) wins.
-        winner = (values == best[samples.bin]) & (values > _MAX_START)
-        order = torch.arange(points, device=values.device).unsqueeze(1).expand(-1, channels)
-        first = torch.full_like(best, points, dtype=torch.long)
-        first.scatter_reduce_(0, spread, torch.where(winner, order, points), "amin")
+        best, first = _grouped_max(values, samples.counts, channels)
     found = first < points
     picked = first.clamp(max=max(points - 1, 0))
     if points:
@@ -277,10 +295,13 @@ def _portable_align_backward(
 
 
 def _use_npu_kernel(features: Any, rois: Any, pool_mode: int, ratio: int, aligned: bool) -> bool:
-    """Average pooling on NPU tensors with torch_npu chosen -- except adaptive sampling of
-    an aligned roi of zero width or height (0 samples: mmcv gives 0; the emulator's
-    reference kernel divides by zero there, and the real kernel's answer is unmeasured)."""
-    if pool_mode != _AVG or not _on_npu(features, rois) or _source() != kernel_source.TORCH_NPU:
+    """Average pooling on NPU tensors with torch_npu chosen, except adaptive sampling of an
+    aligned zero-width/height roi (mmcv: 0; the emulator's kernel divides by zero)."""
+    if (
+        pool_mode != _AVG
+        or not _on_npu(features, rois)
+        or kernel_source.choose(OP, _SOURCES) != kernel_source.TORCH_NPU
+    ):
         return False
     return ratio > 0 or not aligned or not bool((rois[:, 3:5] == rois[:, 1:3]).any())
 
@@ -306,29 +327,14 @@ def roi_align_forward(
     if _use_npu_kernel(input, rois, pool_mode, sampling_ratio, aligned):
         import torch_npu
 
-        found = torch_npu.npu_roi_align(
-            input,
-            rois.to(input.dtype),
-            float(spatial_scale),
-            pooled[0],
-            pooled[1],
-            int(sampling_ratio),
-            3 if aligned else 0,
+        mode = 3 if aligned else 0
+        scale, ratio = float(spatial_scale), int(sampling_ratio)
+        output.copy_(
+            torch_npu.npu_roi_align(input, rois.to(input.dtype), scale, *pooled, ratio, mode)
         )
-        output.copy_(found)
         return
-    _portable_align(
-        input,
-        rois,
-        output,
-        argmax_y,
-        argmax_x,
-        pooled,
-        float(spatial_scale),
-        int(sampling_ratio),
-        int(pool_mode),
-        bool(aligned),
-    )
+    settings = (pooled, float(spatial_scale), int(sampling_ratio), int(pool_mode), bool(aligned))
+    _portable_align(input, rois, output, argmax_y, argmax_x, *settings)
 
 
 @implements("roi_align_backward")
@@ -352,34 +358,16 @@ def roi_align_backward(
     if _use_npu_kernel(grad_output, rois, pool_mode, sampling_ratio, aligned):
         import torch_npu
 
+        shape, mode = list(grad_input.shape), 3 if aligned else 0
+        scale, ratio = float(spatial_scale), int(sampling_ratio)
         found = torch_npu.npu_roi_alignbk(
-            grad_output.contiguous(),
-            rois.to(grad_output.dtype),
-            list(grad_input.shape),
-            pooled[1],
-            pooled[0],
-            float(spatial_scale),
-            int(sampling_ratio),
-            3 if aligned else 0,
-        )
+            grad_output.contiguous(), rois.to(grad_output.dtype), shape, pooled[1], pooled[0],
+            scale, ratio, mode,
+        )  # fmt: skip
         grad_input += found.to(grad_input.dtype)
         return
-    _portable_align_backward(
-        grad_output,
-        rois,
-        argmax_y,
-        argmax_x,
-        grad_input,
-        pooled,
-        float(spatial_scale),
-        int(sampling_ratio),
-        int(pool_mode),
-        bool(aligned),
-    )
-
-
-def _source() -> str:
-    return kernel_source.choose(OP, (kernel_source.TORCH_NPU, kernel_source.PORTABLE))
+    settings = (pooled, float(spatial_scale), int(sampling_ratio), int(pool_mode), bool(aligned))
+    _portable_align_backward(grad_output, rois, argmax_y, argmax_x, grad_input, *settings)
 
 
 @implements("roi_pool_forward")
