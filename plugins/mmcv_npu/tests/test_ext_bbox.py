@@ -102,3 +102,20 @@ def test_bbox_overlaps_on_npu_tensors(npu_emulator):
     actual = _overlaps(bbox, boxes1.to("npu"), boxes2.to("npu"), 0, False, 1)
     assert actual.is_npu
     torch.testing.assert_close(actual.cpu(), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_through_mmcvs_bbox_overlaps(monkeypatch):
+    """mmcv.ops.bbox_overlaps (its allocation and call) on this function."""
+    import types
+
+    from mmcv.ops import bbox as mmcv_bbox
+
+    boxes1, boxes2 = _boxes(7, 8), _boxes(9, 9)
+    expected = mmcv_bbox.bbox_overlaps(boxes1, boxes2, "iof", offset=1)
+    monkeypatch.setattr(
+        mmcv_bbox, "ext_module", types.SimpleNamespace(bbox_overlaps=bbox.bbox_overlaps)
+    )
+    torch.testing.assert_close(mmcv_bbox.bbox_overlaps(boxes1, boxes2, "iof", offset=1), expected)
+    aligned = mmcv_bbox.bbox_overlaps(boxes1, boxes2[:7], aligned=True)
+    assert aligned.shape == (7,)
+    assert mmcv_bbox.bbox_overlaps(boxes1[:0], boxes2).shape == (0, 9)

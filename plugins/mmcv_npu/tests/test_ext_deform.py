@@ -231,3 +231,31 @@ def test_mx_driving_domain_on_npu_tensors(npu_emulator, monkeypatch):
         assert calls  # DrivingSDK's kernel served the forward and the backward
     finally:
         kernel_source.forget_choices()
+
+
+def test_through_mmcvs_deform_conv_modules(monkeypatch):
+    """mmcv's own DeformConv2d / ModulatedDeformConv2d (Functions, buffers, calls) on these."""
+    import types
+
+    from mmcv.ops import deform_conv
+    from mmcv.ops import modulated_deform_conv
+
+    ours = types.SimpleNamespace(**{name: getattr(deform, name) for name in NAMES})
+    torch.manual_seed(0)
+    dcn = deform_conv.DeformConv2d(4, 6, 3, padding=1, deform_groups=2)
+    mdcn = modulated_deform_conv.ModulatedDeformConv2d(4, 6, 3, padding=1, groups=2)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 4, 7, 6, generator=g)
+    offset = torch.randn(2, 36, 7, 6, generator=g)
+    mask = torch.rand(2, 9, 7, 6, generator=g)
+    results = []
+    for ext_module in (compiled, ours):
+        monkeypatch.setattr(deform_conv, "ext_module", ext_module)
+        monkeypatch.setattr(modulated_deform_conv, "ext_module", ext_module)
+        leaves = [t.clone().requires_grad_(True) for t in (x, offset, mask)]
+        out = dcn(leaves[0], leaves[1]) + mdcn(leaves[0], leaves[1][:, :18], leaves[2])
+        out.backward(torch.ones_like(out))
+        grads = [dcn.weight.grad.clone(), mdcn.weight.grad.clone(), mdcn.bias.grad.clone()]
+        dcn.zero_grad(), mdcn.zero_grad()
+        results.append([out.detach()] + [leaf.grad for leaf in leaves] + grads)
+    _same(*results)

@@ -192,3 +192,34 @@ def test_sigmoid_focal_loss_on_npu_tensors(npu_emulator, monkeypatch):
             kernel_source.forget_choices()
         for a, e in zip(found, expected, strict=True):
             torch.testing.assert_close(a.cpu(), e, **F32)
+
+
+def test_through_mmcvs_focal_loss_functions(monkeypatch):
+    """mmcv's own sigmoid/softmax focal loss Functions (reductions, buffers) on these."""
+    import types
+
+    from mmcv.ops import focal_loss as mmcv_focal_loss
+
+    names = [n for n in losses.__all__]
+    monkeypatch.setattr(
+        mmcv_focal_loss,
+        "ext_module",
+        types.SimpleNamespace(**{n: getattr(losses, n) for n in names}),
+    )
+    logits, target = _inputs(seed=6)
+    for reduction in ("mean", "sum", "none"):
+        leaf = logits.clone().requires_grad_(True)
+        loss = mmcv_focal_loss.sigmoid_focal_loss(leaf, target, 2.0, 0.25, None, reduction)
+        loss.sum().backward()
+        expected, expected_grad = _sigmoid_reference(logits, target, None, 2.0, 0.25)
+        factor = {"mean": 1 / len(target), "sum": 1.0, "none": 1.0}[reduction]
+        reduced = expected if reduction == "none" else expected.sum() * factor
+        torch.testing.assert_close(loss.detach(), reduced.float(), **F32)
+        torch.testing.assert_close(leaf.grad, (expected_grad * factor).float(), **F32)
+    target = target.clamp(max=6)
+    leaf = logits.clone().requires_grad_(True)
+    loss = mmcv_focal_loss.softmax_focal_loss(leaf, target, 2.0, 0.25, None, "sum")
+    loss.backward()
+    expected, expected_grad = _softmax_reference(logits, target, None, 2.0, 0.25)
+    torch.testing.assert_close(loss.detach(), expected.sum().float(), **F32)
+    torch.testing.assert_close(leaf.grad, expected_grad.float(), **F32)

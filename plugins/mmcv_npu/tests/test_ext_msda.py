@@ -160,3 +160,24 @@ def test_on_npu_tensors(npu_emulator, monkeypatch, source):
         assert len(calls) == (2 if source == "mx_driving" else 0)
     finally:
         kernel_source.forget_choices()
+
+
+def test_through_mmcvs_function(monkeypatch):
+    """mmcv's own MultiScaleDeformableAttnFunction (its calls, its buffers) on these."""
+    import types
+
+    from mmcv.ops import multi_scale_deform_attn
+
+    ours = types.SimpleNamespace(
+        ms_deform_attn_forward=msda.ms_deform_attn_forward,
+        ms_deform_attn_backward=msda.ms_deform_attn_backward,
+    )
+    monkeypatch.setattr(multi_scale_deform_attn, "ext_module", ours)
+    value, shapes, locations, weights, grad = _inputs(seed=5)
+    leaves = [t.clone().requires_grad_(True) for t in (value, locations, weights)]
+    out = multi_scale_deform_attn.MultiScaleDeformableAttnFunction.apply(
+        leaves[0], shapes, _start(shapes), leaves[1], leaves[2], 64
+    )
+    out.backward(grad)
+    expected = _reference(value, shapes, locations, weights, grad)
+    _same(expected, [out.detach()] + [leaf.grad for leaf in leaves])

@@ -306,3 +306,26 @@ def test_roi_pool_ties_take_the_first_pixel():
     output, argmax = torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1, dtype=torch.int)
     roi.roi_pool_forward(x, torch.tensor([[0, 1.0, 1.0, 2.0, 2.0]]), output, argmax, 1, 1, 1.0)
     assert (float(output), int(argmax)) == (1.0, 5)
+
+
+def test_through_mmcvs_roi_align_function(monkeypatch):
+    """mmcv's own RoIAlign (its autograd Function, its calls) on these functions."""
+    import importlib
+    import types
+
+    roi_align_module = importlib.import_module("mmcv.ops.roi_align")
+
+    x = torch.randn(2, 4, 12, 10, generator=torch.Generator().manual_seed(12))
+    boxes = _rois(9, extent=(40.0, 48.0))
+    results = []
+    for ext_module in (compiled, types.SimpleNamespace(**{n: getattr(roi, n) for n in dir(roi)})):
+        monkeypatch.setattr(roi_align_module, "ext_module", ext_module)
+        for pool_mode in ("avg", "max"):
+            leaf = x.clone().requires_grad_(True)
+            layer = roi_align_module.RoIAlign((3, 2), 0.25, 2, pool_mode, aligned=True)
+            out = layer(leaf, boxes)
+            out.backward(torch.ones_like(out))
+            results.append((out.detach(), leaf.grad))
+    for (out_a, grad_a), (out_b, grad_b) in zip(results[:2], results[2:], strict=True):
+        torch.testing.assert_close(out_b, out_a, **F32)
+        torch.testing.assert_close(grad_b, grad_a, **F32)
