@@ -360,7 +360,10 @@ def openmmlab_emulated(session: nox.Session) -> None:
         "plugins/mmcv_npu/tests",
         *session.posargs,
         # Comma-separated: each test file fails (not skips) when what it names is missing.
-        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "openmmlab-emulated,mmengine"},
+        env={
+            **TEST_ENV,
+            "ASCEND_PATCH_TEST_REQUIRE": "openmmlab-emulated,mmengine,mmcv-lite,mmdet",
+        },
     )
 
 

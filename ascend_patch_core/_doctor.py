@@ -116,9 +116,8 @@ def _group_dicts(plugin: PluginInfo) -> list[dict[str, Any]]:
         patches = [p for p in plugin.patches if p.group == name]
         applicable = [p for p in patches if p.applicable]
         # A switch (disabled, opt-in) says more than the first unmet requirement.
-        reasons = [p.verdict for p in patches if p.verdict] or [
-            p.not_applicable_reason for p in patches if not p.applicable
-        ]
+        reasons: list[str | None] = [p.verdict for p in patches if p.verdict]
+        reasons = reasons or [p.not_applicable_reason for p in patches if not p.applicable]
         if not patches:
             reasons = ["declares no patch on this machine"]
         groups.append(

@@ -371,7 +371,7 @@ def with_old_layout_keys(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def checkpoint_key_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_checkpoint.MmcvCheckpointKeys`."""
+    """The patch of :class:`ascend_patch_mmcv.groups.MmcvCheckpointKeys`."""
     yield AtomicPatch(
         TARGET,
         target_wrapper=with_old_layout_keys,

@@ -16,7 +16,23 @@ from ascend_patch_core import ModuleHook
 from ascend_patch_core import Patch
 
 
-__all__ = ["CollectionsCompat", "MmcvVersionCheck", "MmengineCheckpointNumpy"]
+__all__ = [
+    "DDP",
+    "GROUPS",
+    "CollectionsCompat",
+    "MmcvCheckpointKeys",
+    "MmcvVersionCheck",
+    "MmengineCheckpointNumpy",
+    "NuScenesDataset",
+    "NuScenesMetric",
+    "OptimizerHooks",
+    "OptimizerWrapper",
+    "PseudoSampler",
+    "ResNetAddRelu",
+    "ResNetFP16",
+    "ResNetMaxPool",
+    "Stream",
+]
 
 
 class MmengineCheckpointNumpy(Patch):
@@ -70,3 +86,276 @@ class MmcvVersionCheck(Patch):
         from .mmcv_version import mmcv_version_patches
 
         return mmcv_version_patches(options)
+
+
+# -- old checkpoints -------------------------------------------------------------------
+
+
+class MmcvCheckpointKeys(Patch):
+    """Checkpoints saved by mmcv 1.x layers load into their mmcv 2.x / OpenMMLab 2.0 equivalents.
+
+    Wraps mmengine's ``load_state_dict`` (every ``load_checkpoint``, ``Runner.load_checkpoint``
+    and ``init_cfg=dict(type="Pretrained")`` ends there): a key the model lacks is
+    dropped (mmcv 1.x FFN's duplicate ``activate``) or renamed (``attentions.<i>`` ->
+    ``self_attn``/``cross_attn``, ``ffns.0`` -> ``ffn``) only where it lands,
+    unambiguously, on keys the model has and the checkpoint lacks, of the same shapes;
+    each change is logged. A checkpoint that matches the model is passed on untouched
+    (see :mod:`ascend_patch_mmcv.checkpoint_keys`).
+
+    On by default: it changes nothing mmengine would load, only fills keys mmengine
+    would leave missing with the checkpoint's own tensors that it would discard.
+    """
+
+    # mmengine 0.10.x: the load_state_dict(module, state_dict, strict, logger) this wraps;
+    # tested with 0.10.7.
+    requires = ("mmengine>=0.10,<0.11",)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .checkpoint_keys import checkpoint_key_patches
+
+        return checkpoint_key_patches(options)
+
+
+# -- mmcv 1.x parallel and optimizer hooks, mmengine optimizer wrapper ------------------
+
+
+# mmcv 1.x, as the package ``mmcv`` (built with or without ops) or ``mmcv-full``. Tested
+# with mmcv 1.7.2, the last 1.x and the one the NPU stacks use.
+MMCV_1 = "mmcv>=1.7,<2 | mmcv-full>=1.7,<2"
+
+
+class Stream(Patch):
+    """mmcv 1.x's ``Scatter.forward`` (DataContainer inputs of MMDataParallel/MMDDP) onto NPUs.
+
+    mmcv 1.7.2 copies host tensors to the target devices with ``torch.cuda`` and
+    asks torch for a copy stream by device *index*, which newer torch rejects
+    (torch 2.13: ``AttributeError: 'int' object has no attribute 'type'``). On an NPU the
+    replacement copies on a ``torch.npu`` side stream per device, then makes each
+    device's current stream wait for it (see :mod:`ascend_patch_mmcv.mmcv1_parallel`).
+    """
+
+    legacy_name = "stream"
+    requires = (MMCV_1,)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .mmcv1_parallel import stream_patches
+
+        return stream_patches(options)
+
+
+class DDP(Patch):
+    """mmcv 1.x's ``MMDistributedDataParallel`` forward on torch >= 2.0.
+
+    mmcv 1.7.2's ``_run_ddp_forward`` reads ``_use_replicated_tensor_module``, which
+    torch 2.0 removed: every ``forward`` of the wrapper raises ``AttributeError``.
+    The replacement keeps mmcv's input handling (``to_kwargs``, DataContainer aware)
+    and runs the module through torch's own ``_run_ddp_forward``. The class itself is
+    not swapped for mmcv's ``NPUDistributedDataParallel`` (docs/mmcv-plugin.md says why).
+    """
+
+    legacy_name = "ddp"
+    requires = (MMCV_1, "torch>=2.0")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .mmcv1_parallel import ddp_patches
+
+        return ddp_patches(options)
+
+
+class OptimizerHooks(Patch):
+    """mmcv 1.x optimizer hooks clip with the fused clipping of torch_npu's fused optimizers.
+
+    When the runner's optimizer offers ``clip_grad_norm_fused_`` (torch_npu's
+    ``NpuFused*`` optimizers), ``OptimizerHook.clip_grads`` -- inherited by the
+    gradient-cumulative and fp16 hooks -- calls it instead of torch's per-parameter
+    ``clip_grad_norm_``; with any other optimizer the original runs
+    (see :mod:`ascend_patch_mmcv.optimizer_hooks`).
+
+    Opt-in (``ASCEND_PATCH_ENABLE=OptimizerHooks``): the fused clipping computes the
+    norm over the optimizer's combined gradient buffer, not over the parameters the
+    hook passes, so a run's logged ``grad_norm`` may differ in the last digits.
+    """
+
+    legacy_name = "optimizer_hooks"
+    opt_in = True
+    requires = (MMCV_1,)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .optimizer_hooks import optimizer_hook_patches
+
+        return optimizer_hook_patches(options)
+
+
+class OptimizerWrapper(Patch):
+    """mmengine's ``OptimWrapper`` clips by norm with the optimizer's fused clipping when it has one.
+
+    When the wrapped optimizer offers ``clip_grad_norm_fused_`` (torch_npu's
+    ``NpuFused*`` optimizers) and the wrapper clips by norm, ``OptimWrapper._clip_grad``
+    calls it, and the norm it returns is what the wrapper logs (``train/grad_norm``);
+    otherwise the original runs (see :mod:`ascend_patch_mmcv.optimizer_wrapper`).
+
+    Default on: it acts only when the user chose a fused optimizer, whose gradients
+    live in one combined buffer that torch's per-parameter clipping cannot use.
+    """
+
+    legacy_name = "optimizer_wrapper"
+    # mmengine 0.10.x: OptimWrapper._clip_grad, clip_grad_kwargs and grad_name as
+    # this reads them; tested with 0.10.7.
+    requires = ("mmengine>=0.10,<0.11",)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .optimizer_wrapper import optimizer_wrapper_patches
+
+        return optimizer_wrapper_patches(options)
+
+
+# -- mmdet ----------------------------------------------------------------------------
+
+
+# The mmdet lines supported: 2.x and 3.x. mmdet.models.backbones.resnet is the same
+# module, with the same BasicBlock, Bottleneck and ResNet forwards, in both (tested:
+# 3.3.0; 2.x through an on-disk package with its layout); PseudoSampler has one
+# patch per line, each with its own requires.
+_MMDET_VERSIONS = "mmdet>=2.0,<4"
+
+
+class PseudoSampler(Patch):
+    """mmdet's ``PseudoSampler.sample`` on the NPU without the no-op ``unique()`` calls.
+
+    The same ``SamplingResult`` as mmdet's (see :mod:`ascend_patch_mmcv.pseudo_sampler`);
+    one patch per mmdet line (2.x ``mmdet.core``, 3.x ``mmdet.models.task_modules``).
+    Opt-in, as in DrivingSDK: the gain on an NPU is not measured here.
+    """
+
+    legacy_name = "pseudo_sampler"
+    opt_in = True
+    requires = _MMDET_VERSIONS
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .pseudo_sampler import pseudo_sampler_patches
+
+        return pseudo_sampler_patches(options)
+
+
+class ResNetAddRelu(Patch):
+    """ResNet's residual add and ReLU as one ``mx_driving.npu_add_relu`` call, on the NPU.
+
+    ``BasicBlock.forward`` and ``Bottleneck.forward``; the portable kernel source
+    computes mmdet's own ``relu(out + identity)`` (see :mod:`ascend_patch_mmcv.resnet`).
+    """
+
+    legacy_name = "resnet_add_relu"
+    requires = _MMDET_VERSIONS
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .resnet import add_relu_patches
+
+        return add_relu_patches(options)
+
+
+class ResNetMaxPool(Patch):
+    """ResNet's stem max pool by ``mx_driving.npu_max_pool2d`` where that kernel computes it.
+
+    Checks the module's actual pool (kernel 3, stride 2, padding 1, no dilation, ceil
+    mode or indices), the input (dtype, channels) and that no gradient is needed;
+    otherwise the module's own max pool runs (see :mod:`ascend_patch_mmcv.resnet`).
+    """
+
+    legacy_name = "resnet_maxpool"
+    requires = _MMDET_VERSIONS
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .resnet import max_pool_patches
+
+        return max_pool_patches(options)
+
+
+class ResNetFP16(Patch):
+    """A ResNet call on the NPU under float16 autocast, with float32 outputs.
+
+    Opt-in: it changes the backbone's numerics. It wraps ``ResNet.__call__``, so it
+    composes with ResNetMaxPool (DrivingSDK declared the two in conflict because both
+    replaced ``ResNet.forward``).
+    """
+
+    legacy_name = "resnet_fp16"
+    opt_in = True
+    requires = _MMDET_VERSIONS
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .resnet import fp16_patches
+
+        return fp16_patches(options)
+
+
+# -- mmdet3d --------------------------------------------------------------------------
+
+
+class NuScenesDataset(Patch):
+    """mmdet3d 1.0.0rc (the mmcv 1.x line): nuScenes datasets' ``output_to_nusc_box``, faster.
+
+    ``mmdet3d.datasets.nuscenes_dataset`` (LiDAR boxes) and ``nuscenes_mono_dataset``
+    (camera boxes): the same nuScenes boxes, in mmdet3d 1.0's own box convention, with
+    the quaternions and velocities of a frame computed at once
+    (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
+    """
+
+    legacy_name = "nuscenes_dataset"
+    # The function lives in these modules from 1.0.0rc0 (the coordinate-system refactor)
+    # to 1.0.0rc6; mmdet3d 1.1 moved it to the metric (NuScenesMetric). Before 1.0 it
+    # had another box convention, which this group does not reproduce.
+    requires = ("mmdet3d>=1.0.0rc0,<1.1.0rc0",)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .nuscenes_patches import nuscenes_dataset_patches
+
+        return nuscenes_dataset_patches(options)
+
+
+class NuScenesMetric(Patch):
+    """mmdet3d 1.1-1.4 (the mmcv 2.x line): ``NuScenesMetric``'s ``output_to_nusc_box``, faster.
+
+    ``mmdet3d.evaluation.metrics.nuscenes_metric.output_to_nusc_box``, LiDAR and camera
+    branches, the same boxes as the installed mmdet3d's
+    (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
+    """
+
+    legacy_name = "nuscenes_metric"
+    # Checked identical in 1.1.0 and 1.4.0; the 1.1.0rc pre-releases are not covered.
+    requires = ("mmdet3d>=1.1.0,<1.5",)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .nuscenes_patches import nuscenes_metric_patches
+
+        return nuscenes_metric_patches(options)
+
+
+#: The groups of this module, in the order the plugin registers them (the op groups
+#: live in :mod:`ascend_patch_mmcv.groups_ops`).
+GROUPS: tuple[type[Patch], ...] = (
+    MmengineCheckpointNumpy,
+    MmcvVersionCheck,
+    CollectionsCompat,
+    MmcvCheckpointKeys,
+    Stream,
+    DDP,
+    OptimizerHooks,
+    OptimizerWrapper,
+    ResNetAddRelu,
+    ResNetMaxPool,
+    ResNetFP16,
+    PseudoSampler,
+    NuScenesDataset,
+    NuScenesMetric,
+)

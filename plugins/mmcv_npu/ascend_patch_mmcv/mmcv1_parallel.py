@@ -153,7 +153,7 @@ class NpuScatter:
 
 
 def stream_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_training.Stream`."""
+    """The patch of :class:`ascend_patch_mmcv.groups.Stream`."""
     scatter = NpuScatter()  # its streams live as long as this patch
     yield AtomicPatch(
         STREAM_TARGET,
@@ -174,5 +174,5 @@ def run_ddp_forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 
 
 def ddp_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_training.DDP`."""
+    """The patch of :class:`ascend_patch_mmcv.groups.DDP`."""
     yield AtomicPatch(DDP_TARGET, run_ddp_forward, note="torch's _run_ddp_forward, no class swap")

@@ -98,7 +98,7 @@ def _mono_dataset_check(detection: dict[str, Any]) -> bool:
 
 
 def nuscenes_metric_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_mmdet3d.NuScenesMetric`."""
+    """The patch of :class:`ascend_patch_mmcv.groups.NuScenesMetric`."""
     yield AtomicPatch(
         METRIC_TARGET,
         target_wrapper=_replacement("_metric_replacement"),
@@ -108,7 +108,7 @@ def nuscenes_metric_patches(options: Any = None) -> Iterator[AtomicPatch]:
 
 
 def nuscenes_dataset_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patches of :class:`ascend_patch_mmcv.groups_mmdet3d.NuScenesDataset`."""
+    """The patches of :class:`ascend_patch_mmcv.groups.NuScenesDataset`."""
     yield AtomicPatch(
         DATASET_TARGET,
         target_wrapper=_replacement("_dataset_replacement"),

@@ -102,7 +102,7 @@ def clip_grads_fused(hook: Any, params: Any) -> Any:
 
 
 def optimizer_hook_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patches of :class:`ascend_patch_mmcv.groups_training.OptimizerHooks`."""
+    """The patches of :class:`ascend_patch_mmcv.groups.OptimizerHooks`."""
     yield AtomicPatch(CALL_HOOK_TARGET, target_wrapper=with_runner_known)
     yield AtomicPatch(
         CLIP_TARGET,

@@ -62,7 +62,7 @@ def clip_grad_fused(wrapper: Any) -> None:
 
 
 def optimizer_wrapper_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_training.OptimizerWrapper`."""
+    """The patch of :class:`ascend_patch_mmcv.groups.OptimizerWrapper`."""
     yield AtomicPatch(
         TARGET,
         clip_grad_fused,

@@ -1,8 +1,8 @@
 """The plugin's entry point (``[project.entry-points.ascend_patch]``). Hook implementations only.
 
 ``apply()`` imports this module in every program, so it imports nothing heavy: the
-groups live in :mod:`ascend_patch_mmcv.groups` and its ``groups_*`` siblings (one per
-family), which import no patch family.
+groups live in :mod:`ascend_patch_mmcv.groups` and :mod:`ascend_patch_mmcv.groups_ops`,
+which import no patch family.
 """
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ from ascend_patch_core import ReplaceImport
 from ascend_patch_core import hookimpl
 
 from . import groups
-from . import groups_checkpoint
-from . import groups_mmdet
-from . import groups_mmdet3d
 from . import groups_ops
-from . import groups_training
 
 
 #: The factory of the served ``mmcv._ext``, imported on its first import only.
@@ -33,13 +29,5 @@ def register_import_rules() -> list[ImportRule]:
 @hookimpl
 def register_patches() -> list[type[Patch]]:
     """Every group of the plugin; the core checks each group's ``requires`` before building it."""
-    return [
-        groups.MmengineCheckpointNumpy,
-        groups.MmcvVersionCheck,
-        groups.CollectionsCompat,
-        *groups_checkpoint.GROUPS,
-        *groups_ops.GROUPS,
-        *groups_training.GROUPS,
-        *groups_mmdet.GROUPS,
-        *groups_mmdet3d.GROUPS,
-    ]
+    # Two modules, not one per family: each module imported at apply() costs ~0.1 ms.
+    return [*groups.GROUPS[:4], *groups_ops.GROUPS, *groups.GROUPS[4:]]

@@ -103,7 +103,7 @@ def sample_mmdet3(
 
 
 def pseudo_sampler_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patches of :class:`ascend_patch_mmcv.groups_mmdet.PseudoSampler`: one per mmdet line."""
+    """The patches of :class:`ascend_patch_mmcv.groups.PseudoSampler`: one per mmdet line."""
     yield AtomicPatch(
         MMDET2_TARGET,
         sample_mmdet2,

@@ -149,7 +149,7 @@ def bottleneck_forward(add_relu: AddRelu) -> Callable[[Any, Any], Any]:
 
 
 def add_relu_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patches of :class:`ascend_patch_mmcv.groups_mmdet.ResNetAddRelu`."""
+    """The patches of :class:`ascend_patch_mmcv.groups.ResNetAddRelu`."""
     source = kernel_source.choose(ADD_RELU_OP, (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
     add_relu = mx_driving_add_relu if source == kernel_source.MX_DRIVING else portable_add_relu
     note = kernel_source.note(source)
@@ -232,7 +232,7 @@ def resnet_forward(max_pool: MaxPool) -> Callable[[Any, Any], Any]:
 
 
 def max_pool_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_mmdet.ResNetMaxPool`."""
+    """The patch of :class:`ascend_patch_mmcv.groups.ResNetMaxPool`."""
     source = kernel_source.choose(MAX_POOL_OP, (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
     max_pool = mx_driving_max_pool if source == kernel_source.MX_DRIVING else portable_max_pool
     yield AtomicPatch(
@@ -268,7 +268,7 @@ def under_fp16_autocast(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def fp16_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patch of :class:`ascend_patch_mmcv.groups_mmdet.ResNetFP16`."""
+    """The patch of :class:`ascend_patch_mmcv.groups.ResNetFP16`."""
     yield AtomicPatch(
         f"{TARGET_MODULE}:ResNet.__call__",
         target_wrapper=under_fp16_autocast,

@@ -30,8 +30,8 @@ np = require_module("numpy", "mmengine")
 transformer = require_module("mmcv.cnn.bricks.transformer", "mmengine")
 
 from ascend_patch_mmcv.checkpoint_keys import remap_old_layout  # noqa: E402
+from ascend_patch_mmcv.groups import MmcvCheckpointKeys  # noqa: E402
 from ascend_patch_mmcv.groups import MmengineCheckpointNumpy  # noqa: E402
-from ascend_patch_mmcv.groups_checkpoint import MmcvCheckpointKeys  # noqa: E402
 from mmengine.runner import checkpoint as mmengine_checkpoint  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 

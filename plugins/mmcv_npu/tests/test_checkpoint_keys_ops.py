@@ -27,7 +27,7 @@ torch = require_module("torch", "mmcv-ops")
 layers = require_module("mmdet.models.layers.transformer", "mmdet")
 
 from ascend_patch_mmcv.checkpoint_keys import DUPLICATES  # noqa: E402
-from ascend_patch_mmcv.groups_checkpoint import MmcvCheckpointKeys  # noqa: E402
+from ascend_patch_mmcv.groups import MmcvCheckpointKeys  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 
 

@@ -25,8 +25,8 @@ require_stack("mmcv-ops")
 require_stack("mmdet3d")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv.groups_mmdet3d import NuScenesDataset  # noqa: E402
-from ascend_patch_mmcv.groups_mmdet3d import NuScenesMetric  # noqa: E402
+from ascend_patch_mmcv.groups import NuScenesDataset  # noqa: E402
+from ascend_patch_mmcv.groups import NuScenesMetric  # noqa: E402
 from mmdet3d.evaluation.metrics import nuscenes_metric  # noqa: E402
 from mmdet3d.structures import CameraInstance3DBoxes  # noqa: E402
 from mmdet3d.structures import DepthInstance3DBoxes  # noqa: E402

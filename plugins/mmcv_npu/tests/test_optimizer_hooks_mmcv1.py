@@ -40,7 +40,7 @@ if "torchvision" not in sys.modules:
     stand_in.__path__ = []  # type: ignore[attr-defined]
     sys.modules["torchvision"] = stand_in
 
-from ascend_patch_mmcv.groups_training import OptimizerHooks  # noqa: E402
+from ascend_patch_mmcv.groups import OptimizerHooks  # noqa: E402
 from mmcv.runner import EpochBasedRunner  # noqa: E402
 from mmcv.runner import Hook  # noqa: E402
 

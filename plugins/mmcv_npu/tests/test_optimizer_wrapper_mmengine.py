@@ -28,7 +28,7 @@ from ascend_patch_core import Status
 require_stack("mmengine")
 torch = require_module("torch", "mmengine")
 
-from ascend_patch_mmcv.groups_training import OptimizerWrapper  # noqa: E402
+from ascend_patch_mmcv.groups import OptimizerWrapper  # noqa: E402
 from mmengine.logging import MessageHub  # noqa: E402
 from mmengine.optim import OptimWrapper  # noqa: E402
 

@@ -18,7 +18,7 @@ require_stack("mmcv-ops")
 require_stack("mmdet")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv.groups_mmdet import PseudoSampler  # noqa: E402
+from ascend_patch_mmcv.groups import PseudoSampler  # noqa: E402
 
 
 samplers = require_module("mmdet.models.task_modules.samplers", "mmdet")

@@ -29,9 +29,9 @@ require_stack("mmdet")
 
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_mmdet import ResNetAddRelu  # noqa: E402
-from ascend_patch_mmcv.groups_mmdet import ResNetFP16  # noqa: E402
-from ascend_patch_mmcv.groups_mmdet import ResNetMaxPool  # noqa: E402
+from ascend_patch_mmcv.groups import ResNetAddRelu  # noqa: E402
+from ascend_patch_mmcv.groups import ResNetFP16  # noqa: E402
+from ascend_patch_mmcv.groups import ResNetMaxPool  # noqa: E402
 from resnet_doubles import mx_driving_double  # noqa: E402
 
 

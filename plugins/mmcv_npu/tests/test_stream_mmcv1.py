@@ -31,7 +31,7 @@ require_stack("mmcv1")
 torch = require_module("torch", "mmcv1")
 require_module("mmcv.parallel", "mmcv1")
 
-from ascend_patch_mmcv.groups_training import Stream  # noqa: E402
+from ascend_patch_mmcv.groups import Stream  # noqa: E402
 from mmcv.parallel import DataContainer  # noqa: E402
 from mmcv.parallel import scatter_kwargs  # noqa: E402
 from mmcv.parallel._functions import Scatter  # noqa: E402
