@@ -203,6 +203,9 @@ def _plan_group(
     except Exception as exc:
         group_record(FAILED, f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}")
         return
+    if not children and not dry_run:
+        # Said, not skipped in silence: an op group with no kernel on this machine.
+        group_record(SKIPPED, "declares no patch on this machine")
     for child in children:
         if isinstance(child, AtomicPatch):
             result.entries.append(

@@ -479,7 +479,8 @@ def test_skip_import_of_a_real_submodule_still_serves_a_stub(
 
 
 def test_none_from_a_hook_means_nothing(make_package) -> None:
-    """None from a plugin hook, a ModuleHook callback or Patch.patches() declares nothing."""
+    """None from a plugin hook, a ModuleHook callback or Patch.patches() declares nothing
+    (a group that declares nothing is reported as such)."""
     pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
 
     class NoneGroup(Patch):
@@ -509,7 +510,10 @@ def test_none_from_a_hook_means_nothing(make_package) -> None:
         assert report.get("none_plugin").reason == "0 patch groups, 0 import rules"
         assert report.get("none-hook").status is Status.APPLIED
         assert not report.by_status(Status.FAILED)
-        assert [r.kind for r in report] == ["plugin", "hook"]
+        # The empty group is said, not skipped in silence.
+        assert [r.kind for r in report] == ["plugin", "group", "hook"]
+        group = report.get("NoneGroup", kind="group")
+        assert (group.status, group.reason) == (Status.SKIPPED, "declares no patch on this machine")
     finally:
         patcher.revert()
 
