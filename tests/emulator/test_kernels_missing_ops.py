@@ -234,6 +234,15 @@ def test_roi_alignbk_is_the_adjoint_of_roi_align(emulated, roi_end_mode, sample_
         torch.testing.assert_close((g * pooled).sum(), (got * features).sum())
 
 
+def test_roi_align_of_a_zero_size_aligned_roi_with_adaptive_sampling_is_zeros(emulated):
+    """An aligned roi of zero size gets no sample per bin (adaptive sampling): its bins are
+    0, as in mmcv and torchvision, not a ZeroDivisionError of the emulator's own."""
+    features = _t(1, 2, 6, 7)
+    rois = torch.tensor([[0.0, 2.0, 3.0, 2.0, 3.0], [0.0, 0.5, 0.5, 4.0, 5.0]])
+    pooled = torch.ops.npu.npu_roi_align(features, rois, 1.0, 2, 2, 0, 3)
+    assert not pooled[0].any() and pooled[1].abs().sum() > 0
+
+
 def test_roi_alignbk_takes_pooled_sizes_from_the_gradient(emulated):
     """torch_npu's contrib ROIAlign passes output_size (h, w) as (pooled_width, pooled_height)."""
     rois = torch.tensor([[0.0, 0.5, 0.5, 4.0, 5.0]])

@@ -157,10 +157,10 @@ def roi_align(
         grid_w = sample_num if sample_num > 0 else max(math.ceil(roi_w / pooled_width), 0)
         iy = torch.arange(pooled_height, dtype=wide)[:, None] * bin_h + (
             torch.arange(grid_h, dtype=wide)[None, :] + 0.5
-        ) * (bin_h / grid_h)
+        ) * (bin_h / max(grid_h, 1))
         ix = torch.arange(pooled_width, dtype=wide)[:, None] * bin_w + (
             torch.arange(grid_w, dtype=wide)[None, :] + 0.5
-        ) * (bin_w / grid_w)
+        ) * (bin_w / max(grid_w, 1))
         ys = (y1 + iy).view(pooled_height, grid_h, 1, 1).expand(-1, -1, pooled_width, grid_w)
         xs = (x1 + ix).view(1, 1, pooled_width, grid_w).expand(pooled_height, grid_h, -1, -1)
         samples = _bilinear(features[batch], ys, xs)
