@@ -132,7 +132,7 @@ def _fits(values: list[Any]) -> bool:
     )
 
 
-@implements("knn_forward")
+@implements("knn_forward", npu="mx_driving knn")
 def knn_forward(*args: Any, **kwargs: Any) -> None:
     """Write the ``nsample`` nearest points of each centre: ``idx`` and ``dist2 [B, m, k]``.
 
@@ -153,7 +153,7 @@ def knn_forward(*args: Any, **kwargs: Any) -> None:
 knn_forward.__signature__ = _KNN  # type: ignore[attr-defined]
 
 
-@implements("three_nn_forward")
+@implements("three_nn_forward", npu="mx_driving three_nn")
 def three_nn_forward(
     unknown_tensor: torch.Tensor,
     known_tensor: torch.Tensor,

@@ -156,7 +156,18 @@ def _dcn_geometry(
     )
 
 
-@implements("deform_conv_forward")
+#: What the functions call on NPU tensors (docs/mmcv-plugin.md's table of _ext names).
+_DCN_NPU = "mx_driving deform_conv2d (3x3, channels a multiple of 64); else torch_npu npu_deformable_conv2d"
+_MDCN_NPU = (
+    "mx_driving modulated_deform_conv2d (3x3, channels a multiple of 64); "
+    "else torch_npu npu_deformable_conv2d"
+)
+
+
+@implements(
+    "deform_conv_forward",
+    npu=_DCN_NPU,
+)
 def deform_conv_forward(
     input: Any,
     weight: Any,
@@ -183,7 +194,10 @@ def deform_conv_forward(
     output.copy_(_dcn(input, offset, None, weight, None, geometry, False))
 
 
-@implements("deform_conv_backward_input")
+@implements(
+    "deform_conv_backward_input",
+    npu=_DCN_NPU,
+)
 def deform_conv_backward_input(
     input: Any,
     offset: Any,
@@ -223,7 +237,10 @@ def deform_conv_backward_input(
     gradOffset.copy_(grad_off)
 
 
-@implements("deform_conv_backward_parameters")
+@implements(
+    "deform_conv_backward_parameters",
+    npu=_DCN_NPU,
+)
 def deform_conv_backward_parameters(
     input: Any,
     offset: Any,
@@ -282,7 +299,10 @@ def _mdcn_geometry(
     )
 
 
-@implements("modulated_deform_conv_forward")
+@implements(
+    "modulated_deform_conv_forward",
+    npu=_MDCN_NPU,
+)
 def modulated_deform_conv_forward(
     input: Any,
     weight: Any,
@@ -312,7 +332,10 @@ def modulated_deform_conv_forward(
     output.copy_(out)
 
 
-@implements("modulated_deform_conv_backward")
+@implements(
+    "modulated_deform_conv_backward",
+    npu=_MDCN_NPU,
+)
 def modulated_deform_conv_backward(
     input: Any,
     weight: Any,

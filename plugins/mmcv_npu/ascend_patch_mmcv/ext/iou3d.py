@@ -187,7 +187,7 @@ def _overlaps_at(boxes_a: torch.Tensor, boxes_b: torch.Tensor, pairs: torch.Tens
     return torch.cat(parts) if parts else boxes_a.new_zeros(0)
 
 
-@implements("iou3d_boxes_overlap_bev_forward")
+@implements("iou3d_boxes_overlap_bev_forward", npu="mx_driving boxes_overlap_bev")
 def iou3d_boxes_overlap_bev_forward(
     boxes_a: torch.Tensor, boxes_b: torch.Tensor, ans_iou: torch.Tensor
 ) -> None:
@@ -276,7 +276,7 @@ def _nms_on_mx(
     return True
 
 
-@implements("iou3d_nms3d_forward")
+@implements("iou3d_nms3d_forward", npu="mx_driving nms3d")
 def iou3d_nms3d_forward(
     boxes: torch.Tensor, keep: torch.Tensor, num_out: torch.Tensor, nms_overlap_thresh: float
 ) -> None:
@@ -285,7 +285,7 @@ def iou3d_nms3d_forward(
         _nms(boxes, keep, num_out, nms_overlap_thresh, normal=False)
 
 
-@implements("iou3d_nms3d_normal_forward")
+@implements("iou3d_nms3d_normal_forward", npu="mx_driving nms3d_normal")
 def iou3d_nms3d_normal_forward(
     boxes: torch.Tensor, keep: torch.Tensor, num_out: torch.Tensor, nms_overlap_thresh: float
 ) -> None:

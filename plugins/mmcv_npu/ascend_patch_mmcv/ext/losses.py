@@ -86,7 +86,7 @@ def _sigmoid_parts(input: Any, target: Any) -> tuple[Any, Any]:
     return x, target.view(-1, 1) == classes
 
 
-@implements("sigmoid_focal_loss_forward")
+@implements("sigmoid_focal_loss_forward", npu="mx_driving sigmoid_focal_loss")
 def sigmoid_focal_loss_forward(
     input: Any, target: Any, weight: Any, output: Any, gamma: float, alpha: float
 ) -> None:
@@ -107,7 +107,7 @@ def sigmoid_focal_loss_forward(
     output.copy_(loss if scale is None else loss * scale)
 
 
-@implements("sigmoid_focal_loss_backward")
+@implements("sigmoid_focal_loss_backward", npu="mx_driving sigmoid_focal_loss")
 def sigmoid_focal_loss_backward(
     input: Any, target: Any, weight: Any, grad_input: Any, gamma: float, alpha: float
 ) -> None:

@@ -84,7 +84,7 @@ def _attend(
     return multi_scale_deformable_attn(value, shapes, sampling_locations, attention_weights)
 
 
-@implements("ms_deform_attn_forward")
+@implements("ms_deform_attn_forward", npu="mx_driving multi_scale_deformable_attn")
 def ms_deform_attn_forward(
     value: Any,
     value_spatial_shapes: Any,
@@ -99,7 +99,7 @@ def ms_deform_attn_forward(
     )
 
 
-@implements("ms_deform_attn_backward")
+@implements("ms_deform_attn_backward", npu="mx_driving multi_scale_deformable_attn")
 def ms_deform_attn_backward(
     value: Any,
     value_spatial_shapes: Any,

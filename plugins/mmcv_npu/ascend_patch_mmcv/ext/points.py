@@ -102,7 +102,7 @@ def _in_boxes(boxes: torch.Tensor, points: torch.Tensor, boxes_first: bool = Fal
     )
 
 
-@implements("points_in_boxes_part_forward")
+@implements("points_in_boxes_part_forward", npu="mx_driving npu_points_in_box")
 def points_in_boxes_part_forward(
     boxes_tensor: torch.Tensor, pts_tensor: torch.Tensor, box_idx_of_points_tensor: torch.Tensor
 ) -> None:
@@ -122,7 +122,7 @@ def points_in_boxes_part_forward(
         out[:, part] = torch.where(inside.any(dim=2), first.to(out.dtype), out[:, part])
 
 
-@implements("points_in_boxes_all_forward")
+@implements("points_in_boxes_all_forward", npu="mx_driving npu_points_in_box_all")
 def points_in_boxes_all_forward(
     boxes_tensor: torch.Tensor, pts_tensor: torch.Tensor, box_idx_of_points_tensor: torch.Tensor
 ) -> None:
@@ -173,7 +173,7 @@ def _furthest(distance_to: Any, temp: torch.Tensor, idx: torch.Tensor, m: int) -
     idx.copy_(torch.stack(picks, dim=1))
 
 
-@implements("furthest_point_sampling_forward")
+@implements("furthest_point_sampling_forward", npu="mx_driving furthest_point_sampling")
 def furthest_point_sampling_forward(
     points_tensor: torch.Tensor,
     temp_tensor: torch.Tensor,
@@ -205,7 +205,9 @@ def furthest_point_sampling_forward(
     _furthest(distance_to, temp_tensor, idx_tensor, m)
 
 
-@implements("furthest_point_sampling_with_dist_forward")
+@implements(
+    "furthest_point_sampling_with_dist_forward", npu="mx_driving furthest_point_sample_with_dist"
+)
 def furthest_point_sampling_with_dist_forward(
     points_tensor: torch.Tensor,
     temp_tensor: torch.Tensor,
@@ -266,7 +268,7 @@ def gather_points_backward(
     grad_points_tensor.scatter_add_(2, index, grad)
 
 
-@implements("group_points_forward")
+@implements("group_points_forward", npu="mx_driving group_points")
 def group_points_forward(
     points_tensor: torch.Tensor,
     idx_tensor: torch.Tensor,
@@ -305,7 +307,7 @@ def group_points_backward(
     grad_points_tensor.scatter_add_(2, index, grad)
 
 
-@implements("three_interpolate_forward")
+@implements("three_interpolate_forward", npu="mx_driving three_interpolate")
 def three_interpolate_forward(
     points_tensor: torch.Tensor,
     idx_tensor: torch.Tensor,

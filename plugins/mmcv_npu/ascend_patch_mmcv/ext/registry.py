@@ -17,7 +17,7 @@ from typing import Any
 from typing import TypeVar
 
 
-__all__ = ["FAMILIES", "IMPLEMENTATIONS", "implements", "load_all"]
+__all__ = ["FAMILIES", "IMPLEMENTATIONS", "NPU_KERNELS", "implements", "load_all"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,15 +37,24 @@ FAMILIES = (
 
 #: ``_ext`` name -> implementation.
 IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {}
+#: ``_ext`` name -> the NPU kernels its implementation uses on NPU tensors, in words
+#: (docs/mmcv-plugin.md's table shows it); absent: portable PyTorch on every device.
+NPU_KERNELS: dict[str, str] = {}
 
 
-def implements(name: str) -> Callable[[F], F]:
-    """Register the decorated function as the ``mmcv._ext`` function ``name``."""
+def implements(name: str, npu: str | None = None) -> Callable[[F], F]:
+    """Register the decorated function as the ``mmcv._ext`` function ``name``.
+
+    ``npu`` says which NPU kernels it calls on NPU tensors (``"mx_driving knn"``);
+    a test checks that every name given there is called by the family's code.
+    """
 
     def register(function: F) -> F:
         if name in IMPLEMENTATIONS and IMPLEMENTATIONS[name] is not function:
             raise RuntimeError(f"mmcv._ext.{name} is implemented twice")
         IMPLEMENTATIONS[name] = function
+        if npu is not None:
+            NPU_KERNELS[name] = npu
         return function
 
     return register

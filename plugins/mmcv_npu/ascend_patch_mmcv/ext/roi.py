@@ -306,7 +306,7 @@ def _use_npu_kernel(features: Any, rois: Any, pool_mode: int, ratio: int, aligne
     return ratio > 0 or not aligned or not bool((rois[:, 3:5] == rois[:, 1:3]).any())
 
 
-@implements("roi_align_forward")
+@implements("roi_align_forward", npu="torch_npu npu_roi_align (average pooling)")
 def roi_align_forward(
     input: Any,
     rois: Any,
@@ -337,7 +337,7 @@ def roi_align_forward(
     _portable_align(input, rois, output, argmax_y, argmax_x, *settings)
 
 
-@implements("roi_align_backward")
+@implements("roi_align_backward", npu="torch_npu npu_roi_alignbk (average pooling)")
 def roi_align_backward(
     grad_output: Any,
     rois: Any,

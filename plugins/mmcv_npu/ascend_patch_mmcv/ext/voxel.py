@@ -120,7 +120,7 @@ def _hard_on_mx_driving(
     voxel_num.fill_(count)
 
 
-@implements("hard_voxelize_forward")
+@implements("hard_voxelize_forward", npu="mx_driving voxelization")
 def hard_voxelize_forward(
     points: torch.Tensor,
     voxel_size: Any,
