@@ -1,0 +1,39 @@
+"""Patch groups of the plugin: the runtime family (accelerate, the Trainer's CUDA checks).
+
+Like every groups module of the plugin, this imports no patch family and no library: a
+group's ``patches()`` imports its family module only when the core builds the group,
+which it does only once the group's ``requires`` hold (checked from metadata).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ascend_patch_core import AtomicPatch
+from ascend_patch_core import Patch
+
+
+__all__ = ["GROUPS", "AccelerateNpu"]
+
+
+class AccelerateNpu(Patch):
+    """accelerate on the NPU: no NVML NUMA binding; ``hccl`` -> gloo under the emulator.
+
+    ``Accelerator()`` and the ``Trainer`` pick ``npu`` and ``hccl`` by themselves
+    (accelerate >= 1.0 asks for the NPU before CUDA); see docs/transformers-plugin.md,
+    "accelerate, the Trainer and transfer_to_npu's library functions".
+    """
+
+    #: torch-npu: only where an NPU stack exists (the emulator counts as one).
+    requires = ("torch-npu", "accelerate>=1.0")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .accelerate_compat import accelerate_patches
+
+        return accelerate_patches(options)
+
+
+#: The groups of this module, in the order the plugin registers them.
+GROUPS: tuple[type[Patch], ...] = (AccelerateNpu,)

@@ -1,0 +1,242 @@
+"""transfer_to_npu's library functions, run under the NPU emulator with the torch plugin.
+
+Each ``redirect`` / ``patch`` item of ``ascend_patch_transformers.hf_transfer_coverage``
+names a test here (or elsewhere); each test runs the library's own function the way
+the library calls it and checks that it gives the NPU answer. Results are emulated.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ascend_patch_transformers import hf_transfer_coverage
+from hf_stacks import require_module
+
+
+transformers = require_module("transformers")
+accelerate = require_module("accelerate")
+
+import torch  # noqa: E402
+
+
+def _clear_caches() -> None:
+    """accelerate and transformers cache their device probes (lru_cache): start afresh."""
+    from accelerate.utils import imports as accelerate_imports
+    from transformers.utils import import_utils
+
+    for module in (accelerate_imports, import_utils):
+        for value in vars(module).values():
+            clear = getattr(value, "cache_clear", None)
+            if callable(clear):
+                clear()
+
+
+@pytest.fixture(scope="module")
+def npu_stack() -> Iterator[Any]:
+    """The emulator, the torch plugin's groups and this plugin's runtime groups, applied."""
+    import ascend_patch_emulator
+    from ascend_patch_torch import plugin as torch_plugin
+    from ascend_patch_transformers import groups_runtime
+
+    from ascend_patch_core import Patcher
+
+    was_active = ascend_patch_emulator.is_active()
+    handle = ascend_patch_emulator.activate()
+    patcher = Patcher(autoload=False)
+    for group in (*torch_plugin.register_patches(), *groups_runtime.GROUPS):
+        patcher.add(group)
+    patcher.apply()
+    _clear_caches()
+    try:
+        yield patcher
+    finally:
+        patcher.revert()
+        _clear_caches()
+        if not was_active:
+            handle.deactivate()
+
+
+def test_every_item_has_a_verdict_and_a_test() -> None:
+    tests = {name for name in globals() if name.startswith("test_")}
+    assert len(hf_transfer_coverage.ITEMS) == 28
+    for item in hf_transfer_coverage.ITEMS:
+        assert item.verdict in ("patch", "redirect", "absent"), item
+        assert item.why, item
+        if item.verdict != "absent":
+            assert item.test in tests, item
+        if item.verdict == "patch":
+            assert item.by, item
+
+
+def test_import_checks_on_the_npu(npu_stack: Any) -> None:
+    from transformers.utils import import_utils as iu
+
+    assert iu.is_torch_npu_available() and iu.is_torch_cuda_available()
+    assert iu.is_torch_bf16_gpu_available()
+    for gated in (
+        "is_mamba_ssm_available",
+        "is_causal_conv1d_available",
+        "is_torch_tf32_available",
+        "is_bitsandbytes_available",
+        "is_flash_attn_2_available",
+    ):
+        assert getattr(iu, gated)() is False, gated
+
+
+def test_training_arguments_pick_the_npu(npu_stack: Any, tmp_path: Path) -> None:
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], bf16=True)
+    assert args.device.type == "npu" and args.n_gpu == 1
+
+
+def test_accelerator_picks_the_npu(npu_stack: Any) -> None:
+    from accelerate import Accelerator
+    from accelerate.utils.imports import is_cuda_available
+
+    accelerator = Accelerator()
+    assert accelerator.device.type == "npu"
+    assert is_cuda_available()  # the redirected torch.cuda; accelerate asks for the NPU first
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    assert next(model.parameters()).is_npu  # emulated NPU tensors live on the CPU
+
+
+def test_trainer_rng_state_round_trip(npu_stack: Any, tmp_path: Path) -> None:
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    trainer = transformers.Trainer(model=torch.nn.Linear(2, 2), args=args)
+    if not hasattr(torch.npu, "random"):  # transformers' own NPU branch uses it
+        pytest.skip("the NPU emulator has no torch.npu.random (torch_npu has)")
+    checkpoint = tmp_path / "checkpoint-1"
+    checkpoint.mkdir()
+    torch.npu.manual_seed(7)
+    trainer._save_rng_state(str(checkpoint))
+    expected = torch.randn(3, device="npu")
+    saved = torch.load(next(checkpoint.glob("rng_state*.pth")), weights_only=True)
+    assert "cuda" in saved and "npu" in saved
+    torch.npu.manual_seed(99)
+    trainer._load_rng_state(str(checkpoint))
+    assert torch.equal(torch.randn(3, device="npu"), expected)
+
+
+def test_memory_tracker_measures_the_npu(npu_stack: Any) -> None:
+    from transformers.trainer_utils import TrainerMemoryTracker
+
+    tracker = TrainerMemoryTracker(skip_memory_metrics=False)
+    if tracker.skip_memory_metrics:
+        pytest.skip("psutil is not installed: the tracker measures nothing")
+    calls = npu_stack.report.get("torch.cuda.memory_allocated").counters.replacement_calls
+
+    def train() -> None:  # the tracker names its stage after its caller
+        tracker.start()
+        tracker.stop("train")
+
+    train()
+    assert npu_stack.report.get("torch.cuda.memory_allocated").counters.replacement_calls > calls
+
+
+def test_peft_infer_device(npu_stack: Any) -> None:
+    peft = pytest.importorskip("peft")
+    device = peft.utils.other.infer_device()
+    assert device == "cuda" and torch.zeros(1).to(device).is_npu  # the torch plugin's redirect
+
+
+def test_accelerate_env_command(npu_stack: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from accelerate.commands.env import env_command
+
+    env_command(type("Args", (), {"config_file": None})())
+    assert torch.npu.get_device_name(0) in capsys.readouterr().out
+
+
+def test_notebook_launcher_runs_on_the_npu(npu_stack: Any) -> None:
+    from accelerate import notebook_launcher
+
+    seen: list[bool] = []
+    notebook_launcher(lambda: seen.append(torch.zeros(1, device="cuda").is_npu), num_processes=1)
+    assert seen == [True]
+
+
+def test_write_basic_config_counts_npus(npu_stack: Any, tmp_path: Path) -> None:
+    import json
+
+    from accelerate.commands.config.default import write_basic_config
+
+    path = tmp_path / "config.json"
+    write_basic_config(save_location=str(path))
+    config = json.loads(path.read_text())
+    assert config["distributed_type"] in ("NO", "MULTI_NPU") and config["num_processes"] == 1
+    assert config.get("use_cpu") is not True
+
+
+def test_numa_affinity_on_the_npu(npu_stack: Any) -> None:
+    from accelerate.utils.environment import override_numa_affinity
+
+    before = os.sched_getaffinity(0)
+    override_numa_affinity(0)  # the original asks NVML for a GPU and fails without pynvml
+    assert os.sched_getaffinity(0) == before
+    counters = npu_stack.report.get("accelerate.utils.environment.override_numa_affinity").counters
+    assert counters.replacement_calls >= 1
+
+
+def test_get_max_memory_lists_npus(npu_stack: Any) -> None:
+    from accelerate.utils.modeling import get_max_memory
+
+    memory = get_max_memory()
+    assert 0 in memory and "cpu" in memory
+
+
+def test_accelerate_cli_test_counts_npus(npu_stack: Any) -> None:
+    assert torch.cuda.device_count() == torch.npu.device_count() >= 1
+
+
+def test_tracemalloc_on_the_npu(npu_stack: Any) -> None:
+    module = pytest.importorskip(
+        "accelerate.test_utils.scripts.external_deps.test_peak_memory_usage"
+    )
+    with module.TorchTracemalloc() as tracked:
+        torch.zeros(1024, device="cuda")
+    assert tracked.begin >= 0
+
+
+_DISTRIBUTED = textwrap.dedent(
+    """
+    import ascend_patch_emulator
+    ascend_patch_emulator.activate()
+    from ascend_patch_core import Patcher
+    from ascend_patch_torch import plugin as torch_plugin
+    from ascend_patch_transformers import groups_runtime
+    patcher = Patcher(autoload=False)
+    for group in (*torch_plugin.register_patches(), *groups_runtime.GROUPS):
+        patcher.add(group)
+    patcher.apply()
+    import torch
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    tensor = torch.ones(2, device=accelerator.device)
+    torch.distributed.all_reduce(tensor)
+    print(accelerator.device.type, accelerator.distributed_type, torch.distributed.get_backend())
+    """
+)
+
+
+def test_accelerate_distributed_uses_hccl(tmp_path: Path) -> None:
+    """LOCAL_RANK set (torchrun): MULTI_NPU; hccl, which the emulator runs on gloo."""
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29400 + os.getpid() % 500),
+        "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _DISTRIBUTED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["npu", "DistributedType.MULTI_NPU", "gloo"]
