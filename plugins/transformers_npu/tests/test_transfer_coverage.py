@@ -240,3 +240,12 @@ def test_accelerate_distributed_uses_hccl(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-3:] == ["npu", "DistributedType.MULTI_NPU", "gloo"]
+
+
+def test_the_docs_table_is_current() -> None:
+    """docs/transformers-plugin.md's table is tools/hf_transfer_table.py's output."""
+    tool = Path(__file__).resolve().parents[3] / "tools" / "hf_transfer_table.py"
+    done = subprocess.run(
+        [sys.executable, str(tool), "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
