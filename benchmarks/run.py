@@ -17,7 +17,12 @@ reported.
 4. per patch, beside DrivingSDK's ``mx_driving.patcher`` (``benchmarks/reference.py``,
    in a fresh interpreter), when a reference is found: ``--reference PATH``, else
    ``$ASCEND_PATCH_REFERENCE``, else the local mirror; otherwise the section says how
-   to get one and is skipped.
+   to get one and is skipped;
+5. the mmcv plugin's ``mmcv._ext`` provider beside mmcv's compiled CPU kernels
+   (``benchmarks/ext_ops.py``, run in an interpreter holding mmcv with its ops:
+   ``--ext-python``, else ``$ASCEND_PATCH_EXT_BENCH_PYTHON``, else nox's
+   openmmlab_cpu_ops environment; otherwise skipped, saying how); ``--only-ext`` runs
+   that section alone.
 
 Each budget gets a verdict line. Subprocesses run from a scratch directory, never from
 the source tree, so that ``import ascend_patch_core`` goes through the installation
@@ -49,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: (budget, what was measured, whether it holds; None: not measured)
 Verdict = tuple[str, str, "bool | None"]
 REFERENCE_SCRIPT = ROOT / "benchmarks" / "reference.py"
+EXT_OPS_SCRIPT = ROOT / "benchmarks" / "ext_ops.py"
 HEAVY = ("torch", "mmcv", "mmdet", "mmdet3d", "mmengine", "transformers", "diffusers", "torch_npu")
 
 
@@ -369,6 +375,26 @@ def ensure_bytecode(pythons: list[str]) -> None:
         subprocess.run([python, "-c", code], check=True)
 
 
+def load_ext_module() -> Any:
+    """benchmarks/ext_ops.py as a module (its section() and write())."""
+    spec = importlib.util.spec_from_file_location("_ap_bench_ext_ops", EXT_OPS_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ext_ops(args: argparse.Namespace) -> str:
+    """The mmcv._ext section: printed, and written into docs/benchmarks.md with --write."""
+    module = load_ext_module()
+    python = args.ext_python or module.default_python(ROOT)
+    text = "\n".join(["### mmcv._ext ops", "", module.section(python, args.ext_rounds, ROOT)])
+    print(text)
+    if args.write:
+        module.write(ROOT / "docs" / "benchmarks.md", text)
+    return text
+
+
 def load_reference_module() -> Any:
     """benchmarks/reference.py as a module (its markdown() and verdicts())."""
     spec = importlib.util.spec_from_file_location("_ap_bench_reference", REFERENCE_SCRIPT)
@@ -464,7 +490,17 @@ def main() -> None:
         help="DrivingSDK work tree or bare git dir for the per-patch comparison "
         "(default: $ASCEND_PATCH_REFERENCE, else the local mirror)",
     )
+    parser.add_argument(
+        "--ext-python",
+        help="interpreter with mmcv's compiled CPU ops and the project, for the mmcv._ext "
+        "section (default: $ASCEND_PATCH_EXT_BENCH_PYTHON, else .nox/openmmlab_cpu_ops)",
+    )
+    parser.add_argument("--ext-rounds", type=int, default=3)
+    parser.add_argument("--only-ext", action="store_true", help="the mmcv._ext section alone")
     args = parser.parse_args()
+    if args.only_ext:
+        ext_ops(args)
+        return
     pythons = {"editable": sys.executable}
     if args.regular_python:
         pythons["regular"] = args.regular_python
@@ -531,6 +567,7 @@ def main() -> None:
             else "# Benchmarks\n\n"
         )
         target.write_text(f"{head}<!-- results -->\n\n{text}")
+    ext_ops(args)
 
 
 if __name__ == "__main__":
