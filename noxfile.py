@@ -443,3 +443,36 @@ def openmmlab1_emulated(session: nox.Session) -> None:
         *session.posargs,
         env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "mmcv1"},
     )
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def transformers_newest(session: nox.Session) -> None:
+    """The transformers plugin against the newest transformers (5.x), accelerate and diffusers."""
+    install_project(session)
+    session.install("-r", "requirements/transformers-newest.txt")
+    session.run(
+        "pytest",
+        "plugins/transformers_npu",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "transformers,diffusers,accelerate"},
+    )
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def transformers_older(session: nox.Session) -> None:
+    """The transformers plugin against transformers 4.57.6 (with diffusers 0.35.1), then 4.51.3.
+
+    Old transformers needs huggingface_hub < 1.0 and new diffusers >= 1.32, so the older
+    releases share an environment of their own; 4.51.3 replaces 4.57.6 in it for the
+    second run (one environment instead of two: installing torch is most of the cost).
+    """
+    install_project(session)
+    session.install("-r", "requirements/transformers-older.txt")
+    required = {"ASCEND_PATCH_TEST_REQUIRE": "transformers,diffusers,accelerate"}
+    session.run(
+        "pytest", "plugins/transformers_npu", *session.posargs, env={**TEST_ENV, **required}
+    )
+    session.install("transformers==4.51.3", "tokenizers==0.21.4")
+    session.run(
+        "pytest", "plugins/transformers_npu", *session.posargs, env={**TEST_ENV, **required}
+    )

@@ -235,6 +235,34 @@ def _eager_mask(module: Any, query: Any, key: Any, attention_mask: Any, is_causa
     )
 
 
+def _is_bias(mask: Any) -> bool:
+    """A float mask with values other than 0 and "masked": an additive bias."""
+    return (
+        mask is not None
+        and getattr(mask, "is_floating_point", lambda: False)()
+        and mask.dim() == 4
+        and _op_mask(mask) is None
+    )
+
+
+def _sdpa_with_bias(
+    module: Any, query: Any, key: Any, value: Any, bias: Any, dropout: float, scaling: Any
+) -> Any:
+    """torch's SDPA with the bias added as it is.
+
+    Not transformers' ``sdpa``: from 5.x, on an NPU, it turns every float mask into a
+    boolean one (non-zero = masked), which drops a bias.
+    """
+    import torch
+
+    groups = query.shape[1] // key.shape[1]
+    key, value = (t.repeat_interleave(groups, 1) for t in (key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias[..., : key.shape[2]], dropout_p=dropout, scale=scaling
+    )
+    return out.transpose(1, 2).contiguous()
+
+
 def npu_attention_forward(
     module: Any,
     query: Any,
@@ -248,16 +276,22 @@ def npu_attention_forward(
 ) -> tuple[Any, Any]:
     """The ``"npu"`` implementation for inputs the op does not take: transformers' own.
 
-    ``eager`` (the module's ``eager_attention_forward``) when attention weights are asked
-    for, ``sdpa`` otherwise; the group's patch runs :func:`fusion_attention_forward` in
+    ``eager`` (the module's ``eager_attention_forward``) when attention weights or a
+    softcap are asked for, torch's SDPA with the bias for an additive float bias, transformers' ``sdpa``
+    otherwise; the group's patch runs :func:`fusion_attention_forward` in
     front of this for the inputs :func:`fusion_supported` accepts.
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if kwargs.get("output_attentions") and eager is not None:
+    # Attention weights, and softcap (which transformers 4.57's sdpa ignores and 5.x's
+    # refuses): the model's own eager attention, which computes both.
+    wants_eager = kwargs.get("output_attentions") or kwargs.get("softcap") is not None
+    if wants_eager and eager is not None:
         mask = _eager_mask(module, query, key, attention_mask, is_causal)
         return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)  # type: ignore[no-any-return]
+    if _is_bias(attention_mask):
+        return _sdpa_with_bias(module, query, key, value, attention_mask, dropout, scaling), None
     if is_causal is not None:
         kwargs["is_causal"] = is_causal
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]

@@ -14,7 +14,10 @@ from ascend_patch_core import AtomicPatch
 from ascend_patch_core import Patch
 
 
-__all__ = ["GROUPS", "AccelerateNpu"]
+__all__ = ["GROUPS", "AccelerateNpu", "DiffusersAttention", "DiffusersRMSNorm"]
+
+#: The diffusers releases the diffusers groups are tested with: 0.35.1 to 0.42.1.
+DIFFUSERS = "diffusers>=0.35,<0.43"
 
 
 class AccelerateNpu(Patch):
@@ -35,5 +38,29 @@ class AccelerateNpu(Patch):
         return accelerate_patches(options)
 
 
+class DiffusersAttention(Patch):
+    """diffusers' ``AttnProcessor2_0`` -> ``npu_fusion_attention`` (no mask or a boolean one)."""
+
+    requires = ("torch-npu", DIFFUSERS)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .diffusers_attention import attention_processor_patches
+
+        return attention_processor_patches(options)
+
+
+class DiffusersRMSNorm(Patch):
+    """diffusers' ``RMSNorm`` and ``MochiRMSNorm`` -> ``npu_rms_norm``."""
+
+    requires = ("torch-npu", DIFFUSERS)
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
+        from .diffusers_norms import norm_patches
+
+        return norm_patches(options)
+
+
 #: The groups of this module, in the order the plugin registers them.
-GROUPS: tuple[type[Patch], ...] = (AccelerateNpu,)
+GROUPS: tuple[type[Patch], ...] = (AccelerateNpu, DiffusersAttention, DiffusersRMSNorm)

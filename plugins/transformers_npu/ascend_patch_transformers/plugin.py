@@ -1,11 +1,26 @@
-"""Will patch Hugging Face transformers and accelerate CUDA paths. Hook implementations only."""
+"""The plugin's entry point (``[project.entry-points.ascend_patch]``). Hook implementations only.
+
+``apply()`` imports this module in every program, so it imports nothing heavy: the
+groups live in the ``groups_*`` modules, which import no patch family and no library.
+"""
 
 from __future__ import annotations
 
+from ascend_patch_core import Patch
 from ascend_patch_core import hookimpl
+
+from . import groups_attention
+from . import groups_norms
+from . import groups_runtime
 
 
 @hookimpl
-def register_patches() -> list[object]:
-    # Patches arrive with the plugin's own issue; an empty list keeps the plugin discoverable.
-    return []
+def register_import_rules() -> list[object]:
+    """Modules served where the real one is missing (``flash_attn`` on an NPU machine)."""
+    return list(groups_attention.import_rules())
+
+
+@hookimpl
+def register_patches() -> list[type[Patch]]:
+    """Every group of the plugin; the core checks each group's ``requires`` before building it."""
+    return [*groups_runtime.GROUPS, *groups_attention.GROUPS, *groups_norms.GROUPS]
