@@ -1,0 +1,132 @@
+"""TransformersRotary: the standard apply_rotary_pos_emb served by npu_rotary_mul, same numbers.
+
+The original is saved before the patch is applied: under the emulator every CPU tensor
+is an NPU tensor.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from hf_stacks import require_module
+from hf_stacks import transformers_version
+
+
+require_module("transformers")
+
+import torch  # noqa: E402
+from ascend_patch_transformers.groups_norms import TransformersRotary  # noqa: E402
+from ascend_patch_transformers.rotary import rotary_hook  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+
+TARGET = "transformers.models.llama.modeling_llama:apply_rotary_pos_emb"
+
+
+def _counters(patcher, target=TARGET):
+    (record,) = [r for r in patcher.report.records if r.name == target]
+    return record.counters
+
+
+def _cos_sin(batch, seq, dim, dtype):
+    # As LlamaRotaryEmbedding: [batch, seq, dim], both halves the same frequencies.
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    positions = torch.arange(seq).float()[None, :, None].expand(batch, seq, 1)
+    freqs = positions * inv_freq
+    emb = torch.cat((freqs, freqs), -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("layout", "cos_batch"),
+    [("BNSD", 2), ("BNSD", 1), ("BSND", 2), ("BSND", 1)],
+)
+def test_matches_the_original(
+    npu_emulator, isolated_patcher, assert_parity, dtype, layout, cos_batch
+):
+    original = modeling_llama.apply_rotary_pos_emb
+    isolated_patcher.add(TransformersRotary).apply()
+    patched = modeling_llama.apply_rotary_pos_emb
+    assert patched is not original
+    heads, kv_heads, seq, dim = 4, 2, 5, 16
+    if layout == "BNSD":
+        q, k, unsqueeze_dim = torch.randn(2, heads, seq, dim), torch.randn(2, kv_heads, seq, dim), 1
+    else:
+        q, k, unsqueeze_dim = torch.randn(2, seq, heads, dim), torch.randn(2, seq, kv_heads, dim), 2
+    cos, sin = _cos_sin(cos_batch, seq, dim, dtype)
+    q, k = q.to(dtype), k.to(dtype)
+    if dtype == torch.float32:
+        # Gradients of q and k, and of cos and sin as plain inputs.
+        assert_parity(original, patched, q, k, cos, sin, kwargs={"unsqueeze_dim": unsqueeze_dim})
+    else:
+        # In a model cos/sin come from buffers and need no gradient; in half precision
+        # their gradient is a sum over batch and heads, whose rounding is the original's
+        # own error rather than the kernel's.
+        assert_parity(
+            lambda q, k: original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim),
+            lambda q, k: patched(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim),
+            q,
+            k,
+        )
+    assert (
+        _counters(isolated_patcher).replacement_calls,
+        _counters(isolated_patcher).fallback_calls,
+    ) == (1, 0)
+
+
+def _fallback(patched, counters, *args, **kwargs):
+    before = counters.fallback_calls
+    patched(*args, **kwargs)
+    return counters.fallback_calls - before
+
+
+def test_unsupported_inputs_run_the_original(npu_emulator, isolated_patcher):
+    isolated_patcher.add(TransformersRotary).apply()
+    rope = modeling_llama.apply_rotary_pos_emb
+    counters = _counters(isolated_patcher)
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    cos, sin = _cos_sin(2, 5, 16, torch.float32)
+    # cos/sin of another dtype: the original promotes, the kernel keeps q's dtype.
+    assert _fallback(rope, counters, q.bfloat16(), k.bfloat16(), cos, sin) == 1
+    # unsqueeze_dim 0 (heads first, then batch): not a layout of the kernel.
+    assert (
+        _fallback(rope, counters, q.transpose(0, 1), k.transpose(0, 1), cos, sin, unsqueeze_dim=0)
+        == 1
+    )
+    # q/k of another rank than 4.
+    assert _fallback(rope, counters, q[None], k[None], cos[None], sin[None], unsqueeze_dim=2) == 1
+    assert counters.replacement_calls == 0
+    # A head dim of 896 or more.
+    big_cos, big_sin = _cos_sin(1, 2, 896, torch.float32)
+    assert (
+        _fallback(
+            rope, counters, torch.randn(1, 1, 2, 896), torch.randn(1, 1, 2, 896), big_cos, big_sin
+        )
+        == 1
+    )
+
+
+@pytest.mark.skipif(transformers_version() >= (5,), reason="position_ids left the signature in 5.0")
+def test_position_ids_of_the_4x_signature_are_accepted(
+    npu_emulator, isolated_patcher, assert_parity
+):
+    original = modeling_llama.apply_rotary_pos_emb
+    isolated_patcher.add(TransformersRotary).apply()
+    patched = modeling_llama.apply_rotary_pos_emb
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    cos, sin = _cos_sin(2, 5, 16, torch.float32)
+    positions = torch.arange(5)[None].expand(2, 5)
+    assert_parity(original, patched, q, k, cos, sin, positions, 1)
+    assert _counters(isolated_patcher).replacement_calls == 1
+
+
+def test_partial_rotary_is_not_matched():
+    # Phi-3 rotates only the first rotary_dim features: another function, left alone.
+    phi3 = importlib.import_module("transformers.models.phi3.modeling_phi3")
+    qwen3 = importlib.import_module("transformers.models.qwen3.modeling_qwen3")
+    assert list(rotary_hook(phi3)) == []
+    assert [p.target for p in rotary_hook(qwen3)] == [
+        "transformers.models.qwen3.modeling_qwen3:apply_rotary_pos_emb"
+    ]
