@@ -41,15 +41,14 @@ def table() -> str:
             f"{item.why}{test} |"
         )
     lines.append(END)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def render(page: str) -> str:
     if BEGIN in page and END in page:
         head, rest = page.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        return head + table() + tail
-    return page.rstrip("\n") + "\n\n" + table()
+        return head + table() + rest.split(END, 1)[1]
+    return page.rstrip("\n") + "\n\n" + table() + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
