@@ -202,44 +202,40 @@ def test_tracemalloc_on_the_npu(npu_stack: Any) -> None:
     assert tracked.begin >= 0
 
 
-_DISTRIBUTED = textwrap.dedent(
+_USER_SCRIPT = textwrap.dedent(
     """
-    import ascend_patch_emulator
-    ascend_patch_emulator.activate()
-    from ascend_patch_core import Patcher
-    from ascend_patch_torch import plugin as torch_plugin
-    from ascend_patch_transformers import groups_runtime
-    patcher = Patcher(autoload=False)
-    for group in (*torch_plugin.register_patches(), *groups_runtime.GROUPS):
-        patcher.add(group)
-    patcher.apply()
     import torch
     from accelerate import Accelerator
+
     accelerator = Accelerator()
-    tensor = torch.ones(2, device=accelerator.device)
-    torch.distributed.all_reduce(tensor)
-    print(accelerator.device.type, accelerator.distributed_type, torch.distributed.get_backend())
+    tensor = torch.ones(2, device="cuda")
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(tensor)
+    print(accelerator.device.type, accelerator.distributed_type, accelerator.state.backend)
     """
 )
 
 
-def test_accelerate_distributed_uses_hccl(tmp_path: Path) -> None:
-    """LOCAL_RANK set (torchrun): MULTI_NPU; hccl, which the emulator runs on gloo."""
-    env = {
-        **os.environ,
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(29400 + os.getpid() % 500),
-        "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", _DISTRIBUTED], env=env, capture_output=True, text=True, timeout=300
-    )
+@pytest.mark.parametrize("torchrun", [False, True], ids=["single", "torchrun"])
+def test_accelerate_distributed_uses_hccl(tmp_path: Path, torchrun: bool) -> None:
+    """``ascend-patch run --emulate-npu``: the NPU; under torchrun MULTI_NPU on hccl (gloo here)."""
+    script = tmp_path / "train.py"
+    script.write_text(_USER_SCRIPT)
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    if torchrun:
+        env.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(29400 + os.getpid() % 500),
+        )
+    command = [sys.executable, "-m", "ascend_patch_core._cli", "run", "--emulate-npu", str(script)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-3:] == ["npu", "DistributedType.MULTI_NPU", "gloo"]
+    expected = ["MULTI_NPU", "gloo"] if torchrun else ["NO", "None"]
+    assert done.stdout.split()[-3:] == ["npu", f"DistributedType.{expected[0]}", expected[1]]
 
 
 def test_the_docs_table_is_current() -> None:
