@@ -39,19 +39,15 @@ from typing import Any
 
 import numpy as np  # type: ignore[import-not-found]  # (no numpy in the typecheck env)
 
-from .nuscenes_patches import BOX_FIELDS
-from .nuscenes_patches import DATASET_TARGET
-from .nuscenes_patches import METRIC_TARGET
-from .nuscenes_patches import MONO_DATASET_TARGET
-
 
 __all__ = [
-    "DATASET_TARGET",
-    "METRIC_TARGET",
-    "MONO_DATASET_TARGET",
+    "BOX_FIELDS",
     "camera_quaternions",
     "yaw_quaternions",
 ]
+
+#: The attributes ``nuscenes.utils.data_classes.Box.__init__`` sets, in its order.
+BOX_FIELDS = ("center", "wlh", "orientation", "label", "score", "velocity", "name", "token")
 
 
 # -- quaternions -------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from ascend_patch_core import AtomicPatch
 
 
 __all__ = [
-    "BOX_FIELDS",
     "CAMERA_COLUMNS",
     "DATASET_TARGET",
     "METRIC_TARGET",
@@ -36,8 +35,6 @@ DATASET_TARGET = f"{DATASET_MODULE}:output_to_nusc_box"
 MONO_DATASET_TARGET = f"{MONO_DATASET_MODULE}:output_to_nusc_box"
 NOTE = "vectorised quaternions and velocities (numpy); one Box per detection, as upstream"
 
-#: The attributes ``nuscenes.utils.data_classes.Box.__init__`` sets, in its order.
-BOX_FIELDS = ("center", "wlh", "orientation", "label", "score", "velocity", "name", "token")
 #: Box columns: x y z, 3 dims, yaw, then 2 velocity columns.
 YAW_COLUMNS = 7
 CAMERA_COLUMNS = 9
@@ -47,6 +44,8 @@ def _replacement(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
     """A target_wrapper that builds the numpy replacement ``name`` when installing."""
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        # Imported here, at installation: it imports numpy. (It imports nothing of this
+        # module, so there is no import circle.)
         from . import nuscenes_boxes
 
         make: Callable[[Callable[..., Any]], Callable[..., Any]] = getattr(nuscenes_boxes, name)
