@@ -3,14 +3,15 @@
 
 A fresh machine needs nothing but ``python3`` (3.10 or newer)::
 
-    python3 dev.py test               # every session tagged "ci": tests, lint, typecheck
-    python3 dev.py test -- -k plugin  # ... with the args after "--" passed on to pytest
+    python3 dev.py test               # every session tagged "ci", two at a time (CI runs this)
+    python3 dev.py test -- -k plugin  # ... one after another, args after "--" to pytest
     python3 dev.py demo               # the main demo (nox -s demo)
     python3 dev.py -s bench           # anything else goes to nox as it is
     python3 dev.py --list             # the sessions there are
 
 The first run creates ``.venv-dev/`` with a pinned nox in it; nox then builds one
-environment per session under ``.nox/``. The exit status is nox's.
+environment per session under ``.nox/``. The exit status is nox's (for ``dev.py test``:
+1 if any session failed; each session's log is also in ``.nox/logs/``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,58 @@ def nox_args(argv: list[str]) -> list[str]:
     return argv
 
 
+def ci_sessions() -> list[str]:
+    """The names of the sessions tagged ``ci``, as ``nox --list`` prints them."""
+    listing = subprocess.run(
+        [str(venv_python()), "-m", "nox", "-t", "ci", "--list"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line.split()[1] for line in listing.splitlines() if line.startswith("* ")]
+
+
+def run_in_parallel(sessions: list[str], jobs: int) -> int:
+    """Run ``sessions`` ``jobs`` at a time; print each one's output when it ends.
+
+    Two cores run two sessions in about the time of the longest chain, instead of one
+    after another (the ``tests`` session alone is over half of a serial run). Each
+    session writes to its own log under ``.nox/logs/``; the summary at the end says
+    which passed, with their durations. The status is 1 if any session failed.
+    """
+    import concurrent.futures
+    import time
+
+    logs = ROOT / ".nox" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def run(name: str) -> tuple[str, int, float]:
+        started = time.monotonic()
+        with open(logs / f"{name}.log", "w", encoding="utf-8") as log:
+            code = subprocess.call(
+                [str(venv_python()), "-m", "nox", "-s", name],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return name, code, time.monotonic() - started
+
+    results: list[tuple[str, int, float]] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(run, s) for s in sessions]):
+            name, code, seconds = future.result()
+            results.append((name, code, seconds))
+            sys.stdout.write((logs / f"{name}.log").read_text(encoding="utf-8", errors="replace"))
+            step(f"session {name}: {'passed' if code == 0 else 'FAILED'} in {seconds:.0f} s")
+            sys.stdout.flush()
+    failed = [name for name, code, _ in results if code]
+    for name, code, seconds in sorted(results, key=lambda r: sessions.index(r[0])):
+        print(f"  {'ok    ' if code == 0 else 'FAILED'} {name} ({seconds:.0f} s)")
+    step(f"{len(results) - len(failed)} of {len(results)} sessions passed")
+    return 1 if failed else 0
+
+
 def main(argv: list[str]) -> int:
     if sys.version_info < MIN_PYTHON:
         wanted = ".".join(map(str, MIN_PYTHON))
@@ -100,6 +153,16 @@ def main(argv: list[str]) -> int:
         return 2
     ensure_venv()
     ensure_nox()
+    if argv == ["test"]:
+        # The whole CI set, two sessions at a time on a machine with two cores or more
+        # (ASCEND_PATCH_CI_JOBS overrides; 1 runs them one after another, as nox would).
+        jobs = int(os.environ.get("ASCEND_PATCH_CI_JOBS", min(2, os.cpu_count() or 1)))
+        sessions = ci_sessions()
+        step(f"running {len(sessions)} sessions, {jobs} at a time: {', '.join(sessions)}")
+        try:
+            return run_in_parallel(sessions, max(1, jobs))
+        except KeyboardInterrupt:
+            return 130
     args = nox_args(argv)
     step("running " + " ".join(["nox", *args]))
     try:
