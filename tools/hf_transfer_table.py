@@ -34,7 +34,12 @@ def table() -> str:
         "|---|---|---|---|---|",
     ]
     for number, item in enumerate(ITEMS, 1):
-        here = {"patch": f"patch `{item.by}`", "redirect": "not needed", "absent": "absent"}
+        here = {
+            "patch": f"patch `{item.by}`",
+            "redirect": "not needed",
+            "absent": "absent",
+            "cuda-only": "CUDA-only stack",
+        }
         test = f" (`{item.test}`)" if item.test else ""
         lines.append(
             f"| {number} | `{item.target}` | {item.purpose} | {here[item.verdict]} | "

@@ -13,8 +13,9 @@ Each item says what it is for and which of three holds:
 * ``redirect``: not needed -- with ``torch.cuda`` redirected, the function gives the
   NPU answer (or the same answer as under transfer_to_npu); a test runs it;
 * ``absent``: the function is not in the versions this plugin supports (the library
-  dropped or moved it), or it belongs to a library that is CUDA-only whatever is
-  patched.
+  dropped or moved it);
+* ``cuda-only``: it serves a CUDA-only stack (Megatron-LM, bitsandbytes' CUDA
+  kernels) that no patch here makes run on the NPU.
 
 This is the single source of the table in docs/transformers-plugin.md
 (``tools/hf_transfer_table.py`` writes it) and of
@@ -36,8 +37,9 @@ class Item(NamedTuple):
 
     :param target: the dotted name in ``apis_config.json``.
     :param purpose: what the function decides with ``torch.cuda.is_available``.
-    :param verdict: ``patch``, ``redirect`` or ``absent``.
-    :param why: for ``redirect`` / ``absent``, the reason; for ``patch``, what it does.
+    :param verdict: ``patch``, ``redirect``, ``absent`` or ``cuda-only``.
+    :param why: for ``redirect`` / ``absent`` / ``cuda-only``, the reason; for ``patch``,
+        what it does.
     :param by: for ``patch``, the patch (its target) that covers it.
     :param test: the test that shows it (a test function of tests/test_transfer_coverage.py,
         or another test file).
@@ -103,10 +105,11 @@ ITEMS: tuple[Item, ...] = (
     # ---------------------------------------------------------------- trl
     Item("trl.import_utils.is_bitsandbytes_available",
          "gates bitsandbytes in trl",
-         "absent", "not in trl 1.x (trl uses transformers' check, above)"),
+         "absent", "not in trl 1.x (trl uses transformers' check, above)",
+         test="test_trl_items_are_gone"),
     Item("trl.trainer.utils.get_kbit_device_map",
          "device map for k-bit models ({'': cuda index})",
-         "absent", "not in trl 1.x"),
+         "absent", "not in trl 1.x", test="test_trl_items_are_gone"),
     # ---------------------------------------------------------------- peft
     Item("peft.utils.other.infer_device",
          "peft's default device name",
@@ -135,13 +138,16 @@ ITEMS: tuple[Item, ...] = (
          test="test_get_max_memory_lists_npus"),
     Item(_A + "utils.megatron_lm.initialize",
          "asserts CUDA for Megatron-LM",
-         "absent", "Megatron-LM is CUDA-only (MindSpeed is the NPU's); nothing to redirect"),
+         "cuda-only", "Megatron-LM is CUDA-only (MindSpeed is the NPU's): not installed with "
+         "an NPU stack", test="test_cuda_only_stacks_are_not_there"),
     Item(_A + "utils.bnb.load_and_quantize_model",
          "bitsandbytes quantization",
-         "absent", "bitsandbytes' CUDA kernels; not installable on the NPU by this project"),
+         "cuda-only", "needs bitsandbytes; without it accelerate raises ImportError naming it, "
+         "as under transfer_to_npu", test="test_cuda_only_stacks_are_not_there"),
     Item(_A + "utils.bnb.get_quantized_model_device_map",
          "bitsandbytes device map",
-         "absent", "as load_and_quantize_model"),
+         "cuda-only", "bitsandbytes quantization, as load_and_quantize_model",
+         test="test_cuda_only_stacks_are_not_there"),
     Item(_A + "utils.imports.is_cuda_available",
          "accelerate's NVML-based \"is CUDA here\"",
          "redirect", "True (the redirected torch.cuda); accelerate checks the NPU before it",

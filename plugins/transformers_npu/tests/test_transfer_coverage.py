@@ -67,10 +67,8 @@ def test_every_item_has_a_verdict_and_a_test() -> None:
     tests = {name for name in globals() if name.startswith("test_")}
     assert len(hf_transfer_coverage.ITEMS) == 28
     for item in hf_transfer_coverage.ITEMS:
-        assert item.verdict in ("patch", "redirect", "absent"), item
-        assert item.why, item
-        if item.verdict != "absent":
-            assert item.test in tests, item
+        assert item.verdict in ("patch", "redirect", "absent", "cuda-only"), item
+        assert item.why and item.test in tests, item
         if item.verdict == "patch":
             assert item.by, item
 
@@ -145,6 +143,33 @@ def test_peft_infer_device(npu_stack: Any) -> None:
     assert device == "cuda" and torch.zeros(1).to(device).is_npu  # the torch plugin's redirect
 
 
+def test_trl_items_are_gone() -> None:
+    """trl's two items are not in trl 1.x (read from its sources: importing them needs pandas)."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("trl is not installed")
+    for module, name in (
+        ("trl.import_utils", "is_bitsandbytes_available"),
+        ("trl.trainer.utils", "get_kbit_device_map"),
+    ):
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None
+        assert f"def {name}(" not in Path(spec.origin).read_text(encoding="utf-8"), module
+
+
+def test_cuda_only_stacks_are_not_there(npu_stack: Any) -> None:
+    """Megatron-LM and bitsandbytes are not part of an NPU stack; accelerate says so."""
+    from accelerate.utils import BnbQuantizationConfig
+    from accelerate.utils import is_bnb_available
+    from accelerate.utils import is_megatron_lm_available
+    from accelerate.utils.bnb import load_and_quantize_model
+
+    assert not is_megatron_lm_available() and not is_bnb_available()
+    with pytest.raises(ImportError, match="bitsandbytes"):
+        load_and_quantize_model(torch.nn.Linear(2, 2), BnbQuantizationConfig(load_in_8bit=True))
+
+
 def test_accelerate_env_command(npu_stack: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from accelerate.commands.env import env_command
 
@@ -194,12 +219,25 @@ def test_accelerate_cli_test_counts_npus(npu_stack: Any) -> None:
 
 
 def test_tracemalloc_on_the_npu(npu_stack: Any) -> None:
-    module = pytest.importorskip(
-        "accelerate.test_utils.scripts.external_deps.test_peak_memory_usage"
-    )
-    with module.TorchTracemalloc() as tracked:
-        torch.zeros(1024, device="cuda")
-    assert tracked.begin >= 0
+    """TorchTracemalloc's CUDA branch (its module needs ``datasets``: its calls, else)."""
+    import importlib.util
+
+    name = "accelerate.test_utils.scripts.external_deps.test_peak_memory_usage"
+    calls = ("empty_cache", "reset_max_memory_allocated", "memory_allocated")
+    before = {c: _served(npu_stack, f"torch.cuda.{c}") for c in calls}
+    if importlib.util.find_spec("datasets") is not None:
+        with importlib.import_module(name).TorchTracemalloc() as tracked:
+            torch.zeros(1024, device="cuda")
+        assert tracked.begin >= 0 and tracked.peaked >= 0
+    else:  # what __enter__ does on CUDA, in its order
+        torch.cuda.empty_cache()
+        torch.cuda.reset_max_memory_allocated()
+        assert torch.cuda.memory_allocated() >= 0
+    assert all(_served(npu_stack, f"torch.cuda.{c}") > before[c] for c in calls)
+
+
+def _served(patcher: Any, name: str) -> int:
+    return int(patcher.report.get(name).counters.replacement_calls)
 
 
 _USER_SCRIPT = textwrap.dedent(
