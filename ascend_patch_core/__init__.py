@@ -46,6 +46,7 @@ from ._requires import override_version
 if TYPE_CHECKING:
     from ._env_flags import env_flag
     from ._legacy import PatcherBuilder
+    from ._replace_args import replace_with
     from ._rules import ImportRule
     from ._rules import InjectImport
     from ._rules import ReplaceImport
@@ -62,6 +63,7 @@ _LAZY = {
     "ReplaceImport": "._rules",
     "SkipImport": "._rules",
     "PatcherBuilder": "._legacy",
+    "replace_with": "._replace_args",
     "is_stub": "._stubs",
     "with_imports": "._with_imports",
 }
@@ -97,6 +99,7 @@ __all__ = [
     "hookimpl",
     "is_stub",
     "override_version",
+    "replace_with",
     "revert",
     "with_imports",
 ]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
@@ -178,20 +180,34 @@ class Patcher:
 
     def replace_import(
         self: _Self,
-        module: str,
-        replacement: Any = None,
+        module_path: str,
         /,
+        replacement: Any = None,
         *,
+        base_module: str | types.ModuleType | None = None,
+        exports: Mapping[str, Any] | None = None,
         when_missing: bool = False,
-        **exports: Any,
+        **attrs: Any,
     ) -> _Self:
-        """Serve ``replacement`` when ``module`` is imported; the original never runs (immediate).
+        """Serve ``replacement`` when ``module_path`` is imported; the original never runs (immediate).
 
-        ``when_missing=True``: serve it only where no real ``module`` is installed.
+        ``replacement``: a module, a factory, a dotted base-module name,
+        ``replace_with.module(base, **exports)`` or None; ``base_module=``: the module
+        the served one falls back to (not with ``replacement``); ``exports={...}`` and
+        ``**attrs``: its attributes (a name in both raises). ``when_missing=True``:
+        serve it only where no real ``module_path`` is installed.
         """
         from ._rules import ReplaceImport
 
-        self._add_rule(ReplaceImport(module, replacement, when_missing=when_missing, **exports))
+        rule = ReplaceImport(
+            module_path,
+            replacement,
+            base_module=base_module,
+            exports=exports,
+            when_missing=when_missing,
+            **attrs,
+        )
+        self._add_rule(rule)
         return self
 
     def inject_import(self: _Self, source_module: str, name: str, target_module: str) -> _Self:

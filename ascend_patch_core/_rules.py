@@ -267,15 +267,33 @@ class ReplaceImport(_ServedRule):
       called on the first import only (for large synthesized modules);
     * a string ``"pkg.mod:factory"`` naming such a factory, imported on first import;
     * a string ``"pkg.mod"`` naming a base module: the served module holds ``exports``
-      and falls back to the base module's attributes.
+      and falls back to the base module's attributes (so does a module object given
+      with exports).
+
+    The DrivingSDK patcher's spellings are accepted: ``base_module="pkg.mod"`` (not
+    together with ``replacement``), ``exports={...}`` and keyword attributes (a name
+    given twice raises), ``replace_with.module(base, **exports)`` as the replacement.
+    ``replacement``, ``base_module``, ``exports`` and ``when_missing`` are keywords of
+    the rule; an attribute of one of these names is given in ``exports={...}``.
     """
 
     kind = "replace"
 
     def __init__(
-        self, module: str, replacement: Any = None, /, *, when_missing: bool = False, **exports: Any
+        self,
+        module: str,
+        /,
+        replacement: Any = None,
+        *,
+        base_module: str | types.ModuleType | None = None,
+        exports: Mapping[str, Any] | None = None,
+        when_missing: bool = False,
+        **attrs: Any,
     ) -> None:
+        from ._replace_args import merge_replacement
+
         super().__init__(_module_name(module, "ReplaceImport"))
+        replacement, exports = merge_replacement(module, replacement, base_module, exports, attrs)
         if not isinstance(when_missing, bool):
             raise PatchDefinitionError(
                 f"ReplaceImport({module!r}): when_missing must be True or False, got {when_missing!r}"
@@ -292,16 +310,16 @@ class ReplaceImport(_ServedRule):
             )
         if isinstance(replacement, str) and ":" not in replacement:
             _module_name(replacement, f"ReplaceImport({module!r})")
-        if isinstance(replacement, types.ModuleType) and exports:
-            raise PatchDefinitionError(
-                f"ReplaceImport({module!r}): exports cannot be added to a module object; set them on it instead"
-            )
         self.replacement = replacement
         self.exports = exports
 
     def is_package(self, fullname: str) -> bool:
         replacement = self.replacement
-        return isinstance(replacement, types.ModuleType) and hasattr(replacement, "__path__")
+        return (
+            isinstance(replacement, types.ModuleType)
+            and not self.exports  # with exports, a new module falling back to it
+            and hasattr(replacement, "__path__")
+        )
 
     def describe(self) -> str:
         r = self.replacement
@@ -320,13 +338,21 @@ class ReplaceImport(_ServedRule):
     def build(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         replacement = self.replacement
         try:
-            if isinstance(replacement, types.ModuleType):
+            if isinstance(replacement, types.ModuleType) and not self.exports:
                 placeholder = types.ModuleType(fullname)
                 placeholder.__ascend_patch_alias__ = replacement  # type: ignore[attr-defined]
                 return placeholder
             module = types.ModuleType(fullname, f"Served by ascend-patch in place of {fullname}.")
-            if isinstance(replacement, str) and ":" not in replacement:
-                base = importlib.import_module(replacement)
+            if isinstance(replacement, types.ModuleType) or (
+                isinstance(replacement, str) and ":" not in replacement
+            ):
+                # A base module: the served one holds the exports and falls back to it
+                # (looked up on use, not copied: later additions to the base are seen).
+                base = (
+                    replacement
+                    if isinstance(replacement, types.ModuleType)
+                    else importlib.import_module(replacement)
+                )
 
                 def __getattr__(name: str) -> Any:
                     try:
