@@ -92,6 +92,8 @@ class _ServedRule(ImportRule):
     #: Serve the module only when the import system finds no real one (ReplaceImport's option).
     when_missing = False
     _parent_watch: Any = None
+    #: Empty packages served for parents installed nowhere (_rule_parents).
+    _parents: Any = None
 
     def activate(self, record: Record) -> None:
         self.record = record
@@ -108,6 +110,10 @@ class _ServedRule(ImportRule):
             )
             return
         hub.serve(self.module, self, subtree=self.subtree)
+        if "." in self.module and not self.when_missing:
+            from ._rule_parents import MissingParents
+
+            self._parents = MissingParents(self.module, self._created, lambda: self.strict())
         when = ", if no real one is installed" if self.when_missing else ""
         record.set(Status.PENDING, f"takes effect when {self.module} is imported{when}")
         parent = self.module.rpartition(".")[0]
@@ -147,6 +153,9 @@ class _ServedRule(ImportRule):
             hub.unwatch(self._parent_watch)
             self._parent_watch = None
         hub.unserve(self.module, self)
+        if self._parents is not None:
+            self._parents.withdraw()
+            self._parents = None
         self._forget_created()
         return []
 

@@ -163,3 +163,60 @@ def test_rule_object_takes_the_same_keywords(make_package: PackageFactory) -> No
         assert mod.X == 1 and mod.KEPT == "base"
     finally:
         p.revert()
+
+
+# ------------------------------------------------------------------ item 3: missing parents
+
+
+def test_replace_import_synthesises_missing_parents(patcher: Patcher) -> None:
+    """replace_import("nopkg.ops.x", F=1); import nopkg.ops.x works where nopkg exists nowhere."""
+    top = _absent()
+    patcher.replace_import(f"{top}.ops.x", F=1)
+    assert top not in sys.modules, "nothing is imported at declaration"
+    namespace: dict[str, object] = {}
+    exec(f"import {top}.ops.x\nfrom {top}.ops.x import F\nfrom {top}.ops import x", namespace)
+    assert namespace["F"] == 1
+    assert namespace["x"] is sys.modules[f"{top}.ops.x"]
+    assert sys.modules[top].ops.x.F == 1
+    patcher.revert()
+    assert top not in sys.modules and f"{top}.ops" not in sys.modules
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"{top}.ops.x")
+
+
+def test_skip_import_synthesises_missing_parents(patcher: Patcher) -> None:
+    top = _absent()
+    patcher.skip_import(f"{top}.cuda_ext")
+    mod = importlib.import_module(f"{top}.cuda_ext")
+    assert not mod  # a stub
+    patcher.revert()
+    assert top not in sys.modules
+
+
+def test_real_parents_are_still_imported_normally(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    """A real parent runs its __init__; only the missing level in between is synthesised."""
+    pkg = make_package({"__init__.py": "REAL = True\n"})
+    patcher.replace_import(f"{pkg}.ops.deformable_aggregation", DeformableAggregation="npu")
+    from_ops = importlib.import_module(f"{pkg}.ops.deformable_aggregation")
+    assert from_ops.DeformableAggregation == "npu"
+    assert sys.modules[pkg].REAL is True
+    assert sys.modules[pkg].__spec__.origin.endswith("__init__.py")
+
+
+def test_a_real_parents_errors_still_propagate(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    pkg = make_package({"__init__.py": "raise ValueError('broken parent')\n"})
+    patcher.replace_import(f"{pkg}.ops.x", F=1)
+    with pytest.raises(ValueError, match="broken parent"):
+        importlib.import_module(f"{pkg}.ops.x")
+
+
+def test_a_skipped_parent_is_left_to_its_rule(patcher: Patcher) -> None:
+    top = _absent()
+    patcher.skip_import(top)
+    patcher.replace_import(f"{top}.ops", F=1)
+    assert importlib.import_module(f"{top}.ops").F == 1
+    assert not sys.modules[top], "the parent is the skip rule's stub"
