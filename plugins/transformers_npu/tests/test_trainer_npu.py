@@ -101,6 +101,7 @@ def test_a_trainer_stops_at_brake_at_on_the_npu(
     )
     assert redirect_calls > 0  # the torch plugin served torch.cuda / device calls
     ours = [r for r in counted if (r.group or "") in {g.__name__ for g in _plugin_groups()}]
+    assert any(r.counters.replacement_calls > 0 for r in ours)  # RMSNorm, rotary, SwiGLU: NPU ops
     for record in ours:  # every group of this plugin that acts on a llama ran its NPU path
         if record.counters.replacement_calls + record.counters.fallback_calls:
             assert record.counters.replacement_calls > 0, record
