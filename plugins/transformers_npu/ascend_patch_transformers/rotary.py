@@ -9,8 +9,9 @@ is searched for a module-level ``apply_rotary_pos_emb`` that is, by source
 
 in either signature transformers has used: ``(q, k, cos, sin, unsqueeze_dim=1)`` (5.x)
 and ``(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)`` (4.x, where
-``position_ids`` is unused), with the module's ``rotate_half`` the standard half
-rotation (``cat(-x2, x1)``). That is ``npu_rotary_mul(x, cos, sin)`` in ``half`` mode.
+``position_ids`` is unused), also with Olmo2's cast of the results back to q's and k's
+dtypes (a no-op for the one-dtype calls served), with the module's ``rotate_half`` the
+standard half rotation (``cat(-x2, x1)``). That is ``npu_rotary_mul(x, cos, sin)`` in ``half`` mode.
 Models whose function differs -- partial rotary (Phi, GLM: only part of the head is
 rotated), interleaved pairs, multimodal sections (Qwen2-VL's
 ``apply_multimodal_rotary_pos_emb``, another name anyway) -- are not matched.
@@ -62,6 +63,29 @@ _WITHOUT_POSITION_IDS = shape_of_source(
 )
 _WITH_POSITION_IDS = shape_of_source(
     "def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):" + _BODY
+)
+# Olmo2's: the same, cast back to q's and k's dtypes (a no-op for the one-dtype calls served).
+_CAST_BACK = shape_of_source(
+    """
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        q_type, k_type = q.dtype, k.dtype
+        cos = cos.unsqueeze(unsqueeze_dim)
+        sin = sin.unsqueeze(unsqueeze_dim)
+        q_embed = (q * cos) + (rotate_half(q) * sin)
+        k_embed = (k * cos) + (rotate_half(k) * sin)
+        return q_embed.to(q_type), k_embed.to(k_type)
+    """
+)
+_CAST_BACK_WITH_POSITION_IDS = shape_of_source(
+    """
+    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        q_type, k_type = q.dtype, k.dtype
+        cos = cos.unsqueeze(unsqueeze_dim)
+        sin = sin.unsqueeze(unsqueeze_dim)
+        q_embed = (q * cos) + (rotate_half(q) * sin)
+        k_embed = (k * cos) + (rotate_half(k) * sin)
+        return q_embed.to(q_type), k_embed.to(k_type)
+    """
 )
 _ROTATE_HALF = shape_of_source(
     """
@@ -138,6 +162,8 @@ def _with_position_ids(
 _BY_SHAPE: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     _WITHOUT_POSITION_IDS: (_without_position_ids, _check_without_position_ids),
     _WITH_POSITION_IDS: (_with_position_ids, _check_with_position_ids),
+    _CAST_BACK: (_without_position_ids, _check_without_position_ids),
+    _CAST_BACK_WITH_POSITION_IDS: (_with_position_ids, _check_with_position_ids),
 }
 
 

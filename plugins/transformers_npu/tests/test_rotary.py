@@ -130,3 +130,20 @@ def test_partial_rotary_is_not_matched():
     assert [p.target for p in rotary_hook(qwen3)] == [
         "transformers.models.qwen3.modeling_qwen3:apply_rotary_pos_emb"
     ]
+
+
+def test_olmo2_cast_back_variant_matches(npu_emulator, isolated_patcher, assert_parity):
+    # Olmo2 casts the results back to q's and k's dtypes: the same numbers for one dtype.
+    olmo2 = importlib.import_module("transformers.models.olmo2.modeling_olmo2")
+    original = olmo2.apply_rotary_pos_emb
+    isolated_patcher.add(TransformersRotary).apply()
+    cos, sin = _cos_sin(2, 5, 16, torch.bfloat16)
+    q, k = torch.randn(2, 4, 5, 16).bfloat16(), torch.randn(2, 2, 5, 16).bfloat16()
+    assert_parity(
+        lambda q, k: original(q, k, cos, sin),
+        lambda q, k: olmo2.apply_rotary_pos_emb(q, k, cos, sin),
+        q,
+        k,
+    )
+    target = "transformers.models.olmo2.modeling_olmo2:apply_rotary_pos_emb"
+    assert _counters(isolated_patcher, target).replacement_calls == 1
