@@ -123,6 +123,18 @@ class PatcherConfig:
         A plugin's opt-in group counts only when ``enabled`` turns it on: one that is off
         conflicts with nothing.
         """
+        message = self.conflict(declared, with_added=with_added, enabled=enabled)
+        if message is not None:
+            raise PatchConflictError(message)
+
+    def conflict(
+        self,
+        declared: list[Declared],
+        *,
+        with_added: bool = True,
+        enabled: frozenset[str] = frozenset(),
+    ) -> str | None:
+        """The first conflict between enabled groups, said with its fix; None if there is none."""
         items = [*declared, *self.items] if with_added else declared
         groups = [
             d.item
@@ -130,10 +142,11 @@ class PatcherConfig:
             if isinstance(d.item, type) and switched_on(d.item, d.provenance, enabled)
         ]
         for name, other in conflicting_groups(groups, self.disabled)[:1] if groups else ():
-            raise PatchConflictError(
+            return (
                 f"patch groups {name!r} and {other!r} conflict ({name}.conflicts_with names {other!r}); "
                 f"enable only one, e.g. default_patcher.disable({other!r}).add({name})"
             )
+        return None
 
     def select(
         self,

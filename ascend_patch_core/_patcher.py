@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import types
+import warnings
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from typing import TypeVar
 from ._config import PatcherConfig
 from ._config import name_of
 from ._entries import Ledger
+from ._errors import PatchConflictError
 from ._installer import Installer
 from ._metadata import metadata
 from ._patch import AtomicPatch
@@ -111,15 +113,28 @@ class Patcher:
         """Add Patch subclasses, AtomicPatch, ModuleHook, LegacyPatch or import-rule objects.
 
         After :meth:`apply`, added patches are applied at once (incrementally).
+        A group conflicting with an enabled one (``conflicts_with``) warns here and
+        raises at :meth:`apply` if both are still enabled (after apply: raises here).
         Import rules (SkipImport, ReplaceImport, InjectImport) act at once, like
         :meth:`skip_import` and its siblings.
         """
         config = self._config
         added, rules = config.sort(items, options, self._ledger.warn)
         with self._ledger.lock:
-            config.raise_conflicts(added)
-            config.items.extend(added)
             applied = self._applied
+            # Before apply() a conflict only warns (as in the DrivingSDK patcher): a
+            # disable() may still follow; apply() raises if both are still enabled.
+            # After apply(), adding is applying, so it raises now.
+            conflict = config.conflict(added, enabled=frozenset(config.enabled))
+            if conflict is not None and applied:
+                raise PatchConflictError(conflict)
+            config.items.extend(added)
+        if conflict is not None:
+            warnings.warn(
+                f"{conflict}; apply() raises unless one of them is disabled first",
+                UserWarning,
+                stacklevel=2,
+            )
         for rule in rules:
             self._add_rule(rule)
         if applied and added:

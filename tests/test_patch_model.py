@@ -794,22 +794,24 @@ def _conflicting_groups(target: str) -> tuple[type[Patch], type[Patch]]:
     return FastAttn, SlowAttn
 
 
-def test_conflicting_groups_raise_at_add_naming_both(
+def test_conflicting_groups_warn_at_add_and_raise_at_apply_naming_both(
     make_package: PackageFactory, patcher: Patcher
 ) -> None:
-    """Adding two groups that conflict raises PatchConflictError naming both and how to fix it."""
+    """Adding two groups that conflict warns; apply() raises PatchConflictError naming
+    both and how to fix it, changing nothing (issue 16: the DrivingSDK patcher's order)."""
     pkg = make_package({"core.py": _CORE})
     fast, slow = _conflicting_groups(f"{pkg}.core.compute")
     patcher.add(slow)
-    with pytest.raises(PatchConflictError) as info:
+    with pytest.warns(UserWarning, match="disable\\('SlowAttn'\\)"):
         patcher.add(fast)
+    core = _import(f"{pkg}.core")
+    with pytest.raises(PatchConflictError) as info:
+        patcher.apply()
     message = str(info.value)
     assert "'FastAttn'" in message and "'SlowAttn'" in message
     assert "disable('SlowAttn')" in message
-    # The failed add() changed nothing: applying applies only SlowAttn.
-    core = _import(f"{pkg}.core")
-    patcher.apply()
-    assert core.compute(1) == ("slow", 1)
+    assert core.compute(1) == ("orig", 1), "the failed apply() changed nothing"
+    assert not patcher.is_applied
 
 
 def test_conflicting_groups_allowed_when_one_is_disabled(
