@@ -7,7 +7,7 @@ scaling=..., **kwargs)`` with ``query`` ``[B, Nq, Sq, D]`` and ``key``/``value``
 as from transformers' ``sdpa_attention_forward``. This module serves that call:
 
 * :func:`npu_attention_forward` -- what is registered under ``"npu"``; the group's
-  ``runtime_check`` patch (see :func:`attention_patches`) puts the fused path in front
+  ``runtime_check`` patch (see :mod:`ascend_patch_transformers.attention_patches`) puts the fused path in front
   of it for the inputs the op takes, so the report counts fused calls and fallbacks;
   unpatched it is the fallback: transformers' ``sdpa`` (``eager`` when attention
   weights are asked for).
@@ -30,15 +30,11 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterator
 from typing import Any
-
-from ascend_patch_core import AtomicPatch
 
 
 __all__ = [
     "IMPLEMENTATION",
-    "attention_patches",
     "fusion_attention_forward",
     "fusion_supported",
     "npu_attention_forward",
@@ -292,50 +288,13 @@ def npu_attention_forward(
         return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)  # type: ignore[no-any-return]
     if _is_bias(attention_mask):
         return _sdpa_with_bias(module, query, key, value, attention_mask, dropout, scaling), None
-    if is_causal is not None:
+    if attention_mask is None:
+        # Resolved here: transformers 4.51's sdpa ignores the module's is_causal and
+        # treats every maskless call with more than one query as causal.
+        kwargs["is_causal"] = _causal(module, is_causal, query)
+    elif is_causal is not None:
         kwargs["is_causal"] = is_causal
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
     return sdpa(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )  # type: ignore[no-any-return]
-
-
-# --------------------------------------------------------------------------- the patches
-
-_HERE = __name__
-_INTERFACE = "transformers.modeling_utils:AttentionInterface._global_mapping"
-_MASKS = "transformers.masking_utils:AttentionMaskInterface._global_mapping"
-_FUSED = f"{_HERE}:npu_attention_forward"
-
-
-def attention_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The patches of :class:`ascend_patch_transformers.groups_attention.NpuAttention`."""
-    note = "npu_fusion_attention (BNSD), fallback: sdpa, eager for attention weights"
-    # The fused path in front of the fallback, counted per call in the report.
-    yield AtomicPatch(
-        _FUSED,
-        f"{_HERE}:fusion_attention_forward",
-        runtime_check=fusion_supported,
-        name="npu attention: fused path",
-        note=note,
-    )
-    # The name models ask for; resolved after the fused path is installed, so the
-    # interface holds the counting wrapper.
-    yield AtomicPatch(
-        f"{_INTERFACE}['{IMPLEMENTATION}']",
-        _FUSED,
-        create=True,
-        after="npu attention: fused path",
-        name=f"attn_implementation={IMPLEMENTATION!r}",
-        note=note,
-    )
-    # transformers >= 4.53 builds the mask a layer gets by the implementation's name and
-    # builds none for a name it does not know: the "npu" layers get SDPA's boolean masks.
-    yield AtomicPatch(
-        f"{_MASKS}['{IMPLEMENTATION}']",
-        "transformers.masking_utils:sdpa_mask",
-        create=True,
-        requires="transformers>=4.53",
-        name=f"attention mask for {IMPLEMENTATION!r}",
-        note="the sdpa mask (boolean, True = attend; None when causal alone suffices)",
-    )

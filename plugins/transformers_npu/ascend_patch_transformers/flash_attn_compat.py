@@ -43,6 +43,7 @@ __all__ = [
     "MODULES",
     "VERSION",
     "build",
+    "build_npu_integration",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
@@ -390,4 +391,82 @@ def build(name: str) -> types.ModuleType:
     for attr in names:
         setattr(module, attr, getattr(this, attr))
     module.__all__ = list(names)  # type: ignore[attr-defined]
+    return module
+
+
+# --------------------------------------------------------------------------- transformers 4.51
+
+#: transformers 4.51/4.52's ``transformers.integrations.npu_flash_attention`` imports
+#: einops (not a transformers dependency) when an NPU is present, and every model module
+#: imports it through ``modeling_flash_attention_utils``: without einops no model loads.
+#: Served in its place there, with the same names, on the functions above.
+NPU_INTEGRATION = "transformers.integrations.npu_flash_attention"
+
+
+def _npu_flash_attn_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    **kwargs: Any,
+) -> Any:
+    # transformers' own takes **kwargs and ignores them; a softcap is honoured here.
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, softcap=kwargs.get("softcap") or 0.0
+    )
+
+
+def _npu_flash_attn_varlen_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    **kwargs: Any,
+) -> Any:
+    return flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        dropout_p=dropout_p,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        softcap=kwargs.get("softcap") or 0.0,
+    )
+
+
+def build_npu_integration(name: str) -> types.ModuleType:
+    """``ReplaceImport`` factory: ``transformers.integrations.npu_flash_attention`` without einops.
+
+    Served only in its down-right causal mode (``NPU_FA2_SPARSE_MODE`` unset or 3), the
+    one flash-attn >= 2.1 and the functions above use.
+    """
+    if name != NPU_INTEGRATION:
+        raise ImportError(f"ascend-patch serves no module {name!r} in place of {NPU_INTEGRATION}")
+    module = types.ModuleType(
+        name,
+        f"transformers' NPU flash-attention functions on npu_fusion_attention without einops, "
+        f"served by ascend-patch ({__name__}).",
+    )
+    values: dict[str, Any] = {
+        "TOP_LEFT_ALIGNED_CAUSAL_MASK_MODE": 2,
+        "DOWN_RIGHT_ALIGNED_CAUSAL_MASK_MODE": _RIGHT_DOWN_CAUSAL,
+        "SPARSE_MODE": _RIGHT_DOWN_CAUSAL,
+        "is_npu_fa2_top_left_aligned_causal_mask": lambda: False,
+        "index_first_axis": index_first_axis,
+        "index_put_first_axis": index_put_first_axis,
+        "pad_input": pad_input,
+        "unpad_input": unpad_input,
+        "npu_flash_attn_func": _npu_flash_attn_func,
+        "npu_flash_attn_varlen_func": _npu_flash_attn_varlen_func,
+    }
+    for attr, value in values.items():
+        setattr(module, attr, value)
     return module

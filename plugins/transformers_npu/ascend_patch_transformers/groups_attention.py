@@ -7,7 +7,9 @@ which it does only once the group's ``requires`` hold (checked from metadata).
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 from typing import Any
@@ -41,7 +43,7 @@ class NpuAttention(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .attention import attention_patches
+        from .attention_patches import attention_patches
 
         return attention_patches(options)
 
@@ -58,19 +60,44 @@ def _findable(name: str) -> bool:
 
 
 def import_rules() -> list[ReplaceImport]:
-    """``flash_attn`` served by :mod:`ascend_patch_transformers.flash_attn_compat`.
+    """Modules served on an NPU machine (nothing is imported here; a few ``find_spec``).
 
-    Only where an NPU runtime is importable (torch_npu, or the emulator's), and, by
-    ``when_missing``, only while no real flash_attn is installed: a real one is always
-    imported instead. Nothing is imported here (one ``find_spec``).
+    * ``flash_attn`` (and ``flash_attn.bert_padding``, ``flash_attn.flash_attn_interface``)
+      by :mod:`ascend_patch_transformers.flash_attn_compat`, only while no real
+      flash_attn is installed (``when_missing``): a real one is always imported instead;
+    * with transformers 4.51/4.52 and no einops: transformers' own
+      ``integrations.npu_flash_attention``, which imports einops and, through
+      ``modeling_flash_attention_utils``, makes every model module fail to import.
+
+    Only where an NPU runtime is importable (torch_npu, or the emulator's).
     """
     if not _findable("torch_npu"):
         return []
     # Imported here: the core loads its import-rule machinery only for programs that use it.
     from ascend_patch_core import ReplaceImport
 
-    factory = "ascend_patch_transformers.flash_attn_compat:build"
-    return [
-        ReplaceImport(name, factory, when_missing=True)
+    compat = "ascend_patch_transformers.flash_attn_compat"
+    rules = [
+        ReplaceImport(name, f"{compat}:build", when_missing=True)
         for name in ("flash_attn", "flash_attn.bert_padding", "flash_attn.flash_attn_interface")
     ]
+    if _npu_integration_needs_einops():
+        rules.append(
+            ReplaceImport(
+                "transformers.integrations.npu_flash_attention", f"{compat}:build_npu_integration"
+            )
+        )
+    return rules
+
+
+def _npu_integration_needs_einops() -> bool:
+    """transformers 4.51/4.52 without einops, in the default (down-right) causal mode."""
+    if os.environ.get("NPU_FA2_SPARSE_MODE", "3") != "3" or _findable("einops"):
+        return False
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    from packaging.version import Version
+
+    return Version(version).release[:2] in ((4, 51), (4, 52))

@@ -18,6 +18,7 @@ transformers = require_module("transformers")
 import torch  # noqa: E402
 from ascend_patch_transformers.attention import IMPLEMENTATION  # noqa: E402
 from ascend_patch_transformers.groups_attention import NpuAttention  # noqa: E402
+from ascend_patch_transformers.groups_attention import import_rules  # noqa: E402
 
 
 FUSED = "ascend_patch_transformers.attention:npu_attention_forward"
@@ -100,7 +101,7 @@ def test_npu_attention_matches_the_baseline(arch, baseline, npu_emulator, isolat
     prompts, prompt_mask, _ = _batch("left")
     ref_tokens = _generate(reference, prompts, prompt_mask)
 
-    isolated_patcher.add(NpuAttention).apply()
+    isolated_patcher.add(NpuAttention, *import_rules()).apply()
     model = _model(cfg, IMPLEMENTATION, reference.state_dict())
     logits, loss, grads = _run(model, ids, mask, labels)
 
@@ -125,7 +126,7 @@ def test_causal_without_padding_uses_the_compressed_mask(npu_emulator, isolated_
     with torch.no_grad():
         expected = reference(input_ids=ids).logits
 
-    isolated_patcher.add(NpuAttention).apply()
+    isolated_patcher.add(NpuAttention, *import_rules()).apply()
     model = _model(cfg, IMPLEMENTATION, reference.state_dict())
     with torch.no_grad():
         logits = model(input_ids=ids).logits
@@ -142,7 +143,7 @@ def test_attention_weights_fall_back_to_eager(npu_emulator, isolated_patcher):
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask, output_attentions=True)
 
-    isolated_patcher.add(NpuAttention).apply()
+    isolated_patcher.add(NpuAttention, *import_rules()).apply()
     model = _model(cfg, IMPLEMENTATION, reference.state_dict())
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)

@@ -19,6 +19,7 @@ require_module("transformers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from ascend_patch_transformers.groups_attention import NpuAttention  # noqa: E402
+from ascend_patch_transformers.groups_attention import import_rules  # noqa: E402
 
 
 FUSED = "ascend_patch_transformers.attention:npu_attention_forward"
@@ -48,7 +49,7 @@ def _padding(sk=S):
 
 @pytest.fixture
 def npu_attention(npu_emulator, isolated_patcher):
-    isolated_patcher.add(NpuAttention).apply()
+    isolated_patcher.add(NpuAttention, *import_rules()).apply()
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     function = ALL_ATTENTION_FUNCTIONS["npu"]

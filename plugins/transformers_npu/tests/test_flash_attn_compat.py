@@ -167,7 +167,8 @@ def test_softcap_takes_the_reference(npu_emulator):
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="a real flash_attn")
 def test_import_flash_attn_is_served_only_with_an_npu_runtime(npu_emulator, isolated_patcher):
     rules = import_rules()
-    assert len(rules) == 3  # flash_attn, its bert_padding and flash_attn_interface
+    served = {"flash_attn", "flash_attn.bert_padding", "flash_attn.flash_attn_interface"}
+    assert served <= {rule.module for rule in rules}
     isolated_patcher.add(*rules).apply()
     try:
         from flash_attn import flash_attn_func
