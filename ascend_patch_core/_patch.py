@@ -233,22 +233,49 @@ class LegacyPatch:
         self,
         func: Callable[[Any, Any], object],
         options: Any = None,
-        *,
         target_module: str | None = None,
+        *,
         priority: int = 0,
+        patch_failure_warning: bool = True,
     ) -> None:
         if not callable(func):
             raise PatchDefinitionError(f"LegacyPatch: {func!r} is not callable")
         self.func = func
-        self.options = options
+        # The function gets a dict it can .get() from, as in 1.0, when none was given.
+        self.options = {} if options is None else options
         self.target_module = target_module
         self.priority = priority
+        #: Accepted for 1.0 scripts; a failure is in the report either way.
+        self.patch_failure_warning = patch_failure_warning
         self.name = str(
             getattr(func, "__patch_name__", None) or getattr(func, "__name__", repr(func))
         )
 
+    @classmethod
+    def from_1_0(
+        cls,
+        func: Callable[[Any, Any], object],
+        options: Any = None,
+        priority: int = 0,
+        patch_failure_warning: bool = True,
+    ) -> LegacyPatch:
+        """1.0's ``Patch(func, options=None, priority=0, patch_failure_warning=True)``."""
+        return cls(func, options, priority=priority, patch_failure_warning=patch_failure_warning)
+
     def bound_to(self, module: str) -> LegacyPatch:
-        return LegacyPatch(self.func, self.options, target_module=module, priority=self.priority)
+        return LegacyPatch(
+            self.func,
+            self.options,
+            module,
+            priority=self.priority,
+            patch_failure_warning=self.patch_failure_warning,
+        )
+
+    def __lt__(self, other: object) -> bool:
+        # 1.0 sorted a module's patches by priority (lowest first).
+        if not isinstance(other, LegacyPatch):
+            return NotImplemented
+        return self.priority < other.priority
 
     def __repr__(self) -> str:
         return f"LegacyPatch({self.name!r}, target_module={self.target_module!r})"
@@ -278,7 +305,7 @@ class Patch:
         # 1.0 compatibility: Patch(func, options) declares a function-style patch. (Not
         # a metaclass: every plugin group is a subclass, and their creation is budgeted.)
         if cls is Patch and args and callable(args[0]) and not isinstance(args[0], type):
-            return LegacyPatch(*args, **kwargs)
+            return LegacyPatch.from_1_0(*args, **kwargs)
         return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

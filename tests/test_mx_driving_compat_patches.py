@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 
 from ascend_patch_core import AtomicPatch
+from ascend_patch_core import LegacyPatch
 from ascend_patch_core import Patch
 from ascend_patch_core import PatchConflictError
 from ascend_patch_core import Patcher
+from ascend_patch_core import PatcherBuilder
+from ascend_patch_core import Status
 
 
 PackageFactory = Callable[..., str]
@@ -94,3 +97,57 @@ def test_adding_a_conflicting_group_after_apply_raises(
         patcher.add(fp16)
     assert resnet.maxpool_forward(1) == ("maxpool", 1)
     assert sys.modules[resnet.__name__] is resnet
+
+
+# ------------------------------------------------------------------ item 6: the 1.0 API
+
+
+def test_1_0_patch_gets_a_dict_of_options(make_package: PackageFactory) -> None:
+    """Patch(f).options is {}: a 1.0 function's options.get(...) works."""
+    resnet = _resnet(make_package)
+    seen: list[Any] = []
+
+    def numpy_type(module: Any, options: Any) -> None:
+        seen.append(options.get("fp16", False))
+
+    patcher = PatcherBuilder().add_module_patch(resnet.__name__, Patch(numpy_type)).build()
+    with patcher:
+        pass
+    assert Patch(numpy_type).options == {}
+    assert seen == [False]
+
+
+def test_1_0_patch_positional_priority_and_failure_warning() -> None:
+    def f(module: Any, options: Any) -> None: ...
+
+    patch = Patch(f, {"a": 1}, 3, patch_failure_warning=False)
+    assert isinstance(patch, LegacyPatch)
+    assert (patch.options, patch.priority, patch.patch_failure_warning) == ({"a": 1}, 3, False)
+
+
+def test_1_0_patches_sort_by_priority() -> None:
+    def f(module: Any, options: Any) -> None: ...
+
+    patches = [Patch(f, None, 2), Patch(f, None, 0), Patch(f, None, 1)]
+    assert [p.priority for p in sorted(patches)] == [0, 1, 2]
+
+
+def test_1_0_function_raising_attribute_error_is_skipped(make_package: PackageFactory) -> None:
+    resnet = _resnet(make_package)
+
+    def resnet_add_relu(module: Any, options: Any) -> None:
+        module.BasicBlock.forward = None  # this version has no BasicBlock
+
+    def raising(module: Any, options: Any) -> None:
+        raise RuntimeError("a real defect")
+
+    patcher = (
+        PatcherBuilder()
+        .add_module_patch(resnet.__name__, Patch(resnet_add_relu), Patch(raising))
+        .build()
+    )
+    with patcher:
+        report = patcher.report
+        assert report.get("resnet_add_relu").status is Status.SKIPPED
+        assert "BasicBlock" in (report.get("resnet_add_relu").reason or "")
+        assert report.get("raising").status is Status.FAILED
