@@ -100,14 +100,11 @@ def test_a_trainer_stops_at_brake_at_on_the_npu(
         r.counters.replacement_calls for r in counted if r.target.startswith("torch.")
     )
     assert redirect_calls > 0  # the torch plugin served torch.cuda / device calls
-    ours = [r for r in counted if (r.group or "") in {g.__name__ for g in _plugin_groups()}]
+    # This plugin's patches target the Hugging Face libraries; the torch plugin's, torch.
+    ours = [
+        r for r in counted if r.target.startswith(("transformers.", "accelerate.", "diffusers."))
+    ]
     assert any(r.counters.replacement_calls > 0 for r in ours)  # RMSNorm, rotary, SwiGLU: NPU ops
     for record in ours:  # every group of this plugin that acts on a llama ran its NPU path
         if record.counters.replacement_calls + record.counters.fallback_calls:
             assert record.counters.replacement_calls > 0, record
-
-
-def _plugin_groups() -> list[type]:
-    from ascend_patch_transformers import plugin
-
-    return list(plugin.register_patches())
