@@ -91,9 +91,12 @@ def attention_patches(options: Any = None) -> Iterator[AtomicPatch]:
         f'attn_implementation="{IMPLEMENTATION}": npu_fusion_attention (BNSD); '
         "fallback: sdpa (eager for attention weights or softcap)"
     )
+    from .groups_attention import npu_integration_needs_einops
+
+    einops_free = ", served without einops" if npu_integration_needs_einops() else ""
     flash = (
         f'"flash_attention_2": transformers {version}\'s own NPU path '
-        '(integrations.npu_flash_attention); "sdpa": torch\'s SDPA, not patched'
+        f'(integrations.npu_flash_attention{einops_free}); "sdpa": torch\'s SDPA, not patched'
     )
     # The fused path in front of the fallback, counted per call in the report.
     yield AtomicPatch(
@@ -122,7 +125,7 @@ def attention_patches(options: Any = None) -> Iterator[AtomicPatch]:
         create=True,
         requires="transformers>=4.53",
         name=f"attention mask for {IMPLEMENTATION!r}",
-        note='"npu" layers get the sdpa masks (boolean, True = attend)',
+        note='"npu" layers get the sdpa masks (boolean, True = attend; transformers >= 4.53)',
     )
     # 4.51's flash_attention_2 check, with the plugin's flash_attn stand-in findable.
     yield AtomicPatch(
@@ -130,5 +133,6 @@ def attention_patches(options: Any = None) -> Iterator[AtomicPatch]:
         f"{__name__}:enable_flash_attention_2",
         runtime_check=_stand_in_check,
         requires="transformers<4.57",
-        note="flash_attention_2 check: transformers' NPU branch despite the flash_attn stand-in",
+        note="transformers < 4.57: its flash_attention_2 check takes the NPU branch with the "
+        "flash_attn stand-in",
     )

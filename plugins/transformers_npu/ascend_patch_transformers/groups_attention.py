@@ -21,7 +21,7 @@ from ascend_patch_core import Patch
 if TYPE_CHECKING:
     from ascend_patch_core import ReplaceImport
 
-__all__ = ["GROUPS", "NpuAttention", "import_rules"]
+__all__ = ["GROUPS", "NpuAttention", "import_rules", "npu_integration_needs_einops"]
 
 #: The transformers releases the attention groups support (4.51 to 5.x).
 TRANSFORMERS = "transformers>=4.51,<6"
@@ -81,7 +81,7 @@ def import_rules() -> list[ReplaceImport]:
         ReplaceImport(name, f"{compat}:build", when_missing=True)
         for name in ("flash_attn", "flash_attn.bert_padding", "flash_attn.flash_attn_interface")
     ]
-    if _npu_integration_needs_einops():
+    if npu_integration_needs_einops():
         rules.append(
             ReplaceImport(
                 "transformers.integrations.npu_flash_attention", f"{compat}:build_npu_integration"
@@ -90,7 +90,7 @@ def import_rules() -> list[ReplaceImport]:
     return rules
 
 
-def _npu_integration_needs_einops() -> bool:
+def npu_integration_needs_einops() -> bool:
     """transformers 4.51/4.52 without einops, in the default (down-right) causal mode."""
     if os.environ.get("NPU_FA2_SPARSE_MODE", "3") != "3" or _findable("einops"):
         return False
