@@ -342,6 +342,7 @@ class Ledger:
         "_reverted_upto",
         "by_target",
         "entries",
+        "group_aliases",
         "hooks",
         "legacy",
         "lock",
@@ -357,6 +358,8 @@ class Ledger:
         self.entries: list[Entry] = []
         self.hooks: list[HookState] = []
         self.legacy: list[LegacyState] = []
+        #: Each other name of a planned group (``group_names``) -> its name, for disable().
+        self.group_aliases: dict[str, str] = {}
         #: First live entry per normalized target or alias path.
         self.by_target: dict[str, Entry] = {}
         #: (records, warnings) that belong to the last revert()'s report; None while applied.

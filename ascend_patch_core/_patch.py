@@ -30,10 +30,12 @@ __all__ = [
     "ModuleHook",
     "Patch",
     "PatchLike",
+    "group_names",
     "is_import_rule",
     "normalize_requires",
     "shared_signature",
     "signature_of",
+    "snake_name",
 ]
 
 
@@ -299,6 +301,8 @@ class Patch:
     requires: ClassVar[str | Sequence[str] | None] = None
     after: ClassVar[Sequence[str]] = ()
     legacy_name: ClassVar[str | None] = None
+    #: Other names ``disable()``, ``enable()`` and ``conflicts_with`` may use (see group_names).
+    aliases: ClassVar[Sequence[str]] = ()
     opt_in: ClassVar[bool] = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -322,6 +326,33 @@ class Patch:
     def patches(cls, options: Any = None) -> Iterable[AtomicPatch | ModuleHook]:
         """Return this group's patches. ``options`` is what was passed to ``add()``."""
         raise NotImplementedError(f"{cls.__qualname__}.patches() is not implemented")
+
+
+def snake_name(name: str) -> str:
+    """``TensorIndex`` -> ``tensor_index``, ``DDP`` -> ``ddp``: the DrivingSDK patcher's 2.0 names."""
+    out: list[str] = []
+    for i, char in enumerate(name):
+        if (
+            char.isupper()
+            and i
+            and (
+                name[i - 1].islower()
+                or name[i - 1].isdigit()
+                or (i + 1 < len(name) and name[i + 1].islower() and name[i - 1].isupper())
+            )
+        ):
+            out.append("_")
+        out.append(char.lower())
+    return "".join(out)
+
+
+def group_names(group: type[Patch]) -> frozenset[str]:
+    """Every name a group answers to: ``name``, its snake-case form (the DrivingSDK
+    patcher's 2.0 name, ``"tensor_index"``), ``legacy_name`` (1.0: ``"index"``), ``aliases``."""
+    names = {group.name, snake_name(group.name), *group.aliases}
+    if group.legacy_name:
+        names.add(group.legacy_name)
+    return frozenset(names)
 
 
 #: What ``Patcher.add`` and the ``register_patches`` hook accept.

@@ -37,6 +37,7 @@ from ._patch import AtomicPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patch import PatchLike
+from ._patch import group_names
 from ._report import FAILED
 from ._report import PENDING
 from ._report import REVERTED
@@ -97,7 +98,7 @@ class Plan:
 
 def enabled_by(group: type[Patch], names: frozenset[str]) -> bool:
     """Whether ``names`` (the enable switches) turn on the opt-in ``group``."""
-    return "*" in names or group.name in names or (group.legacy_name or "") in names
+    return "*" in names or not group_names(group).isdisjoint(names)
 
 
 def switched_on(group: type[Patch], provenance: Provenance, names: frozenset[str]) -> bool:
@@ -155,6 +156,10 @@ def plan(
     _link_dependencies(entries, ledger, result)
     result.entries = dependency_order(entries)
     ledger.add(result.entries, result.hooks, result.legacy)
+    with ledger.lock:
+        for name, (group, _) in result.groups.items():
+            for alias in group_names(group) - {name}:
+                ledger.group_aliases.setdefault(alias, name)
     return result
 
 
@@ -177,7 +182,7 @@ def _plan_group(
 
     result.groups[group.name] = (group, provenance)
     held_back = None
-    if group.name in disabled or (group.legacy_name or "") in disabled:
+    if not group_names(group).isdisjoint(disabled):
         held_back = "disabled"
     # A group the user added is wanted, opt-in or not; a plugin's needs the switch.
     elif group.opt_in and provenance.plugin is not None and not enabled_by(group, enabled):
@@ -365,16 +370,15 @@ def conflicting_groups(
 ) -> list[tuple[str, str]]:
     """(group, other) for each pair of enabled groups where one names the other in ``conflicts_with``."""
     off = set(disabled)
-    enabled = {g.name for g in groups if g.name not in off}
+    on = [g for g in groups if group_names(g).isdisjoint(off)]
+    # conflicts_with may use any of a group's names (the DrivingSDK patcher's "resnet_maxpool").
+    owner = {alias: g.name for g in on for alias in group_names(g)}
     found: list[tuple[str, str]] = []
-    for group in groups:
-        if group.name not in enabled:
-            continue
-        found.extend(
-            (group.name, other)
-            for other in group.conflicts_with
-            if other in enabled and other != group.name
-        )
+    for group in on:
+        for other in group.conflicts_with:
+            name = owner.get(other)
+            if name is not None and name != group.name and (group.name, name) not in found:
+                found.append((group.name, name))
     return found
 
 
@@ -396,7 +400,5 @@ def known_names(
                 if record.provenance.distribution:
                     known.add(normalize_name(record.provenance.distribution))
     for group in groups:
-        known.add(group.name)
-        if group.legacy_name:
-            known.add(group.legacy_name)
+        known |= group_names(group)
     return known

@@ -143,6 +143,8 @@ def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) ->
 def undo_entries(ledger: Ledger, installer: Installer, names: set[str], reason: str) -> None:
     """Take back the live entries that ``names`` match (``disable()`` after apply()): skipped."""
     with ledger.lock:
+        # A group's other names (legacy_name, "tensor_index") mean the group.
+        names = names | {ledger.group_aliases[n] for n in names if n in ledger.group_aliases}
         victims = [e for e in ledger.entries if e.names & names and e.status not in NOT_APPLIED]
     for entry in reversed(victims):
         with ledger.lock:

@@ -151,3 +151,100 @@ def test_1_0_function_raising_attribute_error_is_skipped(make_package: PackageFa
         assert report.get("resnet_add_relu").status is Status.SKIPPED
         assert "BasicBlock" in (report.get("resnet_add_relu").reason or "")
         assert report.get("raising").status is Status.FAILED
+
+
+# ------------------------------------------------------------------ item 8: group names
+
+
+@pytest.mark.parametrize(
+    ("reference_name", "group"), [("tensor_index", "TensorIndex"), ("numpy_compat", "NumpyCompat")]
+)
+def test_reference_group_names_disable_the_torch_plugins_groups(
+    reference_name: str, group: str
+) -> None:
+    """disable("tensor_index") disables the torch plugin's TensorIndex: no 'matches nothing'."""
+    pytest.importorskip("ascend_patch_torch")
+    patcher = Patcher(plugins="torch").enable(reference_name).disable(reference_name)
+    try:
+        report = patcher.apply()
+        record = report.get(group, kind="group")
+        assert record.status is Status.SKIPPED and record.reason == "disabled"
+        assert not [w for w in report.warnings if reference_name in w]
+    finally:
+        patcher.revert()
+
+
+def test_reference_names_enable_an_opt_in_group() -> None:
+    pytest.importorskip("ascend_patch_torch")
+    patcher = Patcher(plugins="torch").enable("tensor_index")
+    try:
+        report = patcher.apply()
+        assert [r for r in report.records if r.group == "TensorIndex" and r.kind == "patch"]
+        assert not [r for r in report.records if r.name == "TensorIndex" and r.kind == "group"]
+        assert not report.warnings
+    finally:
+        patcher.revert()
+
+
+def test_torch_scatter_name_disables_a_torch_scatter_group(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    """The reference's TorchScatter group, declared in a patch.py, answers to "torch_scatter"."""
+    resnet = _resnet(make_package)
+
+    class TorchScatter(Patch):
+        legacy_name = "scatter"
+
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            return [AtomicPatch(f"{resnet.__name__}.maxpool_forward", lambda x: ("scatter", x))]
+
+    report = patcher.add(TorchScatter).disable("torch_scatter").apply()
+    assert resnet.maxpool_forward(1) == ("orig", 1)
+    assert report.get("TorchScatter", kind="group").reason == "disabled"
+
+
+def test_conflicts_with_and_disable_use_any_of_a_groups_names(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    """Class-named groups answer to the reference's snake-case names, in disable() and conflicts_with."""
+    resnet = _resnet(make_package)
+    module = resnet.__name__
+
+    class ResNetMaxPool(Patch):
+        legacy_name = "resnet_maxpool"
+
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            return [AtomicPatch(f"{module}.maxpool_forward", lambda x: ("maxpool", x))]
+
+    class ResNetFP16(Patch):
+        legacy_name = "resnet_fp16"
+        conflicts_with = ("resnet_maxpool",)
+
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            return [AtomicPatch(f"{module}.maxpool_forward", lambda x: ("fp16", x))]
+
+    with pytest.warns(UserWarning, match="'ResNetMaxPool'"):
+        patcher.add(ResNetMaxPool, ResNetFP16)
+    with pytest.raises(PatchConflictError):
+        patcher.apply()
+    patcher.disable("resnet_maxpool").apply()
+    assert resnet.maxpool_forward(1) == ("fp16", 1)
+    patcher.disable("resnet_fp16")  # after apply(): reverted at once
+    assert resnet.maxpool_forward(1) == ("orig", 1)
+
+
+def test_disable_after_apply_by_snake_name(make_package: PackageFactory, patcher: Patcher) -> None:
+    resnet = _resnet(make_package)
+
+    class TensorIndex(Patch):
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            return [AtomicPatch(f"{resnet.__name__}.maxpool_forward", lambda x: ("index", x))]
+
+    patcher.add(TensorIndex).apply()
+    assert resnet.maxpool_forward(1) == ("index", 1)
+    patcher.disable("tensor_index")
+    assert resnet.maxpool_forward(1) == ("orig", 1)
