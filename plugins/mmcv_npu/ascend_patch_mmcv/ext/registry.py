@@ -33,6 +33,7 @@ FAMILIES = (
     "points",
     "iou3d",
     "sparse",
+    "rotated",
 )
 
 #: ``_ext`` name -> implementation.
