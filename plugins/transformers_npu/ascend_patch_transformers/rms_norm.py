@@ -32,6 +32,7 @@ float16, bfloat16 or float32; anything else runs the original and counts as a fa
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -115,7 +116,7 @@ def _input_ok(x: Any, weight: Any) -> bool:
 
 def _standard_check(self: Any, hidden_states: Any) -> bool:
     """``runtime_check``: an NPU input of the weight's dtype, 2-8 dims, a float epsilon."""
-    weight = getattr(self, "weight", None)
+    weight: Any = getattr(self, "weight", None)
     return (
         _input_ok(hidden_states, weight)
         and weight.dtype == hidden_states.dtype
@@ -128,7 +129,7 @@ def _standard_forward(self: Any, hidden_states: Any) -> Any:
     return npu_rms_norm(hidden_states, self.weight, epsilon=float(self.variance_epsilon))[0]
 
 
-def _gemma_check(norm: Any) -> Any:
+def _gemma_check(norm: Any) -> Callable[..., bool]:
     def check(self: Any, x: Any) -> bool:
         # A subclass with its own _norm computes something else.
         return (
@@ -167,6 +168,8 @@ def rms_norm_hook(module: ModuleType) -> Iterator[AtomicPatch]:
                 )
             continue
         _patched[where] = kind
+        replacement: Callable[..., Any]
+        check: Callable[..., bool]
         if kind == STANDARD:
             replacement, check = _standard_forward, _standard_check
         else:
