@@ -41,6 +41,8 @@ def test_torch_npu_imports_like_the_real_package(npu_emulator):
     assert torch_npu.npu.utils.get_cann_version() == "emulated"
     # mmengine asks for the SoC (is_npu_support_full_precision: >= 220, a 910B or later).
     assert torch_npu.npu.utils.get_soc_version() == 220
+    # transformers' Trainer saves the NPU RNG through torch.npu.random.
+    assert torch.npu.random.get_rng_state_all()[0].dtype == torch.uint8
     # transformers and accelerate probe with find_spec before importing.
     assert importlib.util.find_spec("torch_npu") is not None
     # The ops are torch.ops.npu's op packets, as in torch_npu itself.

@@ -212,6 +212,8 @@ def build(
     _fill(amp, _runtime.AMP_EXPORTS)
     memory = _module(f"{_ROOT}.npu.memory", f"torch.npu.memory ({label}): nothing tracked.")
     _fill(memory, _runtime.MEMORY_EXPORTS)
+    random = _module(f"{_ROOT}.npu.random", f"torch.npu.random ({label}): the CPU generator.")
+    _fill(random, _runtime.RANDOM_EXPORTS)
     npu_utils = _module(f"{_ROOT}.npu.utils", f"torch_npu.npu.utils ({label}).")
     _fill(npu_utils, _runtime.UTILS_EXPORTS)
     utils = _module(f"{_ROOT}.utils", f"torch_npu.utils ({label}).", package=True)
@@ -226,11 +228,27 @@ def build(
 
     modules = {
         m.__name__: m
-        for m in (root, npu, amp, memory, npu_utils, utils, version_module, contrib, extension)
+        for m in (
+            root,
+            npu,
+            amp,
+            memory,
+            random,
+            npu_utils,
+            utils,
+            version_module,
+            contrib,
+            extension,
+        )
     }
     eager = {
         _ROOT: (f"{_ROOT}.npu", f"{_ROOT}.utils", f"{_ROOT}.version", f"{_ROOT}._C"),
-        f"{_ROOT}.npu": (f"{_ROOT}.npu.amp", f"{_ROOT}.npu.memory", f"{_ROOT}.npu.utils"),
+        f"{_ROOT}.npu": (
+            f"{_ROOT}.npu.amp",
+            f"{_ROOT}.npu.memory",
+            f"{_ROOT}.npu.random",
+            f"{_ROOT}.npu.utils",
+        ),
     }
     return EmulatedPackage(modules, eager)
 

@@ -55,6 +55,7 @@ __all__ = [
     "DEVICE_NAME",
     "MEMORY_EXPORTS",
     "NPU_EXPORTS",
+    "RANDOM_EXPORTS",
     "UTILS_EXPORTS",
     "Event",
     "Stream",
@@ -390,6 +391,20 @@ AMP_EXPORTS = (
 MEMORY_EXPORTS = tuple(name for name in _runtime_memory.__all__ if name != "reset_state")
 
 UTILS_EXPORTS = ("get_cann_version", "get_soc_version", "is_jit_compile_false", "set_compile_mode")
+
+#: torch.npu.random (torch_npu.npu.random): the generator functions, also on torch.npu.
+#: transformers' Trainer saves and restores the NPU's RNG through it.
+RANDOM_EXPORTS = (
+    "get_rng_state",
+    "get_rng_state_all",
+    "initial_seed",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "set_rng_state",
+    "set_rng_state_all",
+)
 
 
 def export(name: str) -> Any:
