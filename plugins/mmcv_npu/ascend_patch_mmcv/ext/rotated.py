@@ -30,12 +30,13 @@ Vectorised over box pairs: pairs whose circumscribed circles are apart are never
 walks the score-sorted boxes once over the list of suppressing pairs (the greedy
 definition; each decision depends on the earlier ones), as ``iou3d``'s NMS does.
 
-On NPU tensors mmcv's wrappers first turn the angles into degrees (for mmcv's own NPU
-kernels, ``RotatedIou`` / ``RotatedNMS``); these functions turn them back and run the
-portable code there. torch_npu's ``npu_rotated_iou`` / ``npu_nms_rotated`` and
-mx_driving's rotated ops are those device kernels, whose results on a real NPU were not
-compared with mmcv's CPU kernel here (the emulator has no kernel for them), so they
-are not used.
+On tensors of device type ``npu`` mmcv's wrappers first turn the angles into degrees
+(for mmcv's own NPU kernels, ``RotatedIou`` / ``RotatedNMS``); these functions turn
+them back (on the same test, so the emulator's NPU tensors, which report ``cpu``,
+pass radians both ways) and run the portable code on the device. torch_npu's
+``npu_rotated_iou`` / ``npu_nms_rotated`` and mx_driving's rotated ops are those device
+kernels; their results were never compared with mmcv's CPU kernel (no NPU here, and the
+emulator has no kernel for them), so they are not used.
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ _NMS_DEGREES = 57.29578
 _IOU_DEGREES = 1.0 / 0.01745329252
 
 
-def _on_npu(tensor: object) -> bool:
-    return getattr(tensor, "is_npu", False) is True
+def _angles_in_degrees(tensor: Tensor) -> bool:
+    """mmcv's wrappers' own test for their NPU branch, which hands angles over in degrees.
+
+    Not ``is_npu``: the emulator's NPU tensors report device ``cpu``, so mmcv's wrappers
+    take their CPU branch there and pass radians.
+    """
+    return tensor.device.type == "npu"
 
 
 def _from_degrees(boxes: Tensor, per_radian: float) -> Tensor:
@@ -188,7 +194,7 @@ def box_iou_rotated(
     """Write the rotated IoUs (``aligned``: ``[N]``; else ``[N * M]`` row-major) into ``ious``."""
     if boxes1.shape[0] == 0 or boxes2.shape[0] == 0 or ious.numel() == 0:
         return
-    if _on_npu(boxes1):
+    if _angles_in_degrees(boxes1):
         boxes1 = _from_degrees(boxes1, _IOU_DEGREES)
         boxes2 = _from_degrees(boxes2, _IOU_DEGREES)
     first, second = boxes1[:, :5].float(), boxes2[:, :5].float()  # mmcv's CPU kernel: float
@@ -217,7 +223,7 @@ def nms_rotated(
     """Indices (int64) of the boxes greedy rotated NMS keeps, best score first."""
     if dets.numel() == 0:
         return torch.empty(0, dtype=torch.long, device=dets.device)
-    if _on_npu(dets):
+    if _angles_in_degrees(dets):
         dets = _from_degrees(dets, _NMS_DEGREES)
     dtype = torch.float64 if dets.dtype == torch.float64 else torch.float32
     ranking = scores.sort(0, descending=True)[1]
