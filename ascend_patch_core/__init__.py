@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
 
+from . import _per_patch  # noqa: F401 (lets AtomicPatch.apply() and Patch.apply_all() work)
 from ._errors import ImportRuleError
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError

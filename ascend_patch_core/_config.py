@@ -111,6 +111,23 @@ class PatcherConfig:
             added.append(Declared(item, options, USER))
         return added, rules
 
+    def take(self, added: list[Declared], applied: bool) -> str | None:
+        """Keep what ``add()`` got; return the conflict it makes with an enabled group.
+
+        Before apply() a conflict only warns (as in the DrivingSDK patcher): a disable()
+        may still follow, and apply() raises if both are still enabled. After apply(),
+        adding is applying, so it raises now.
+        """
+        conflict = self.conflict(added, enabled=frozenset(self.enabled))
+        if conflict is not None and applied:
+            raise PatchConflictError(conflict)
+        self.items.extend(added)
+        return conflict
+
+    def listing(self) -> tuple[list[Declared], set[str]]:
+        """What ``print_info()`` plans before apply(): the declarations and disabled names."""
+        return self.items, self.disabled
+
     def raise_conflicts(
         self,
         declared: list[Declared],

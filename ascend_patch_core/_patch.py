@@ -12,6 +12,7 @@ import types
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 from typing import ClassVar
@@ -30,12 +31,10 @@ __all__ = [
     "ModuleHook",
     "Patch",
     "PatchLike",
-    "group_names",
     "is_import_rule",
     "normalize_requires",
     "shared_signature",
     "signature_of",
-    "snake_name",
 ]
 
 
@@ -163,6 +162,37 @@ class AtomicPatch:
 
     def __repr__(self) -> str:
         return f"AtomicPatch({self.target!r})"
+
+    # -- the DrivingSDK patcher's per-patch use (on a Patcher of its own: _per_patch) --
+
+    @property
+    def module(self) -> str:
+        """The target's top-level package (``"mmcv"`` for ``"mmcv.ops.nms"``)."""
+        return self.target.partition(".")[0]
+
+    def apply(self) -> Any:
+        """Apply this patch alone; return its :class:`Record`. Lazy like any patch: it
+        says ``pending`` until the target module is imported. :meth:`revert` undoes it."""
+        return _standalone().apply_one(self)
+
+    def revert(self) -> Any:
+        """Undo :meth:`apply`; return the record (None if never applied alone)."""
+        return _standalone().revert_one(self)
+
+    @property
+    def is_applied(self) -> bool:
+        """Whether :meth:`apply` installed it (a Patcher's patches: see its report)."""
+        record = _standalone().record_of(self)
+        return record is not None and record.status.value == "applied"
+
+    def get_info(self, show_diff: bool = False) -> str:
+        """``"target: original -> replacement"`` (plus the source diff with ``show_diff``)."""
+        standalone = _standalone()
+        own = getattr(self, "_own_patcher", None)
+        installed = [i for i in own.installed() if i.record.name == self.name] if own else []
+        original = installed[0].original if installed else None
+        replacement = installed[0].replacement if installed else self.replacement
+        return str(standalone.info_line(self, original, replacement, show_diff))
 
     def call_precheck(self, original: Any) -> object:
         """Call the precheck with the keyword arguments it declares."""
@@ -305,6 +335,29 @@ class Patch:
     aliases: ClassVar[Sequence[str]] = ()
     opt_in: ClassVar[bool] = False
 
+    def __init__(self, options: Any = None) -> None:
+        #: What iterating the instance passes to :meth:`patches`.
+        self.options = options
+
+    def __iter__(self) -> Iterator[AtomicPatch | ModuleHook]:
+        """The group's patches, as the DrivingSDK patcher's ``for p in MyPatch():`` reads them."""
+        return iter(type(self).patches(self.options) or ())
+
+    @classmethod
+    def apply_all(cls, options: Any = None) -> list[Any]:
+        """Apply this group alone, on a Patcher of its own; return its patches' records."""
+        return list(_standalone().apply_group(cls, options))
+
+    @classmethod
+    def revert_all(cls) -> list[Any]:
+        """Undo :meth:`apply_all` (and :meth:`apply`); return the records."""
+        return list(_standalone().revert_group(cls))
+
+    def apply(self) -> Any:
+        """Apply this group alone; one :class:`Record` summing up its patches'."""
+        standalone = _standalone()
+        return standalone.fold(standalone.apply_group(type(self), self.options), self.name)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # 1.0 compatibility: Patch(func, options) declares a function-style patch. (Not
         # a metaclass: every plugin group is a subclass, and their creation is budgeted.)
@@ -328,31 +381,15 @@ class Patch:
         raise NotImplementedError(f"{cls.__qualname__}.patches() is not implemented")
 
 
-def snake_name(name: str) -> str:
-    """``TensorIndex`` -> ``tensor_index``, ``DDP`` -> ``ddp``: the DrivingSDK patcher's 2.0 names."""
-    out: list[str] = []
-    for i, char in enumerate(name):
-        if (
-            char.isupper()
-            and i
-            and (
-                name[i - 1].islower()
-                or name[i - 1].isdigit()
-                or (i + 1 < len(name) and name[i + 1].islower() and name[i - 1].isupper())
-            )
-        ):
-            out.append("_")
-        out.append(char.lower())
-    return "".join(out)
+#: The module applying patches alone (``_per_patch``), set when it is imported: it
+#: imports the Patcher, which imports this module.
+standalone: types.ModuleType | None = None
 
 
-def group_names(group: type[Patch]) -> frozenset[str]:
-    """Every name a group answers to: ``name``, its snake-case form (the DrivingSDK
-    patcher's 2.0 name, ``"tensor_index"``), ``legacy_name`` (1.0: ``"index"``), ``aliases``."""
-    names = {group.name, snake_name(group.name), *group.aliases}
-    if group.legacy_name:
-        names.add(group.legacy_name)
-    return frozenset(names)
+def _standalone() -> Any:
+    if standalone is None:  # pragma: no cover - ascend_patch_core imports it
+        raise RuntimeError("import ascend_patch_core first")
+    return standalone
 
 
 #: What ``Patcher.add`` and the ``register_patches`` hook accept.

@@ -22,7 +22,6 @@ from typing import TypeVar
 from ._config import PatcherConfig
 from ._config import name_of
 from ._entries import Ledger
-from ._errors import PatchConflictError
 from ._installer import Installer
 from ._metadata import metadata
 from ._patch import AtomicPatch
@@ -113,8 +112,7 @@ class Patcher:
         """Add Patch subclasses, AtomicPatch, ModuleHook, LegacyPatch or import-rule objects.
 
         After :meth:`apply`, added patches are applied at once (incrementally).
-        A group conflicting with an enabled one (``conflicts_with``) warns here and
-        raises at :meth:`apply` if both are still enabled (after apply: raises here).
+        A ``conflicts_with`` conflict warns, and raises at apply() (see PatcherConfig.take).
         Import rules (SkipImport, ReplaceImport, InjectImport) act at once, like
         :meth:`skip_import` and its siblings.
         """
@@ -122,19 +120,9 @@ class Patcher:
         added, rules = config.sort(items, options, self._ledger.warn)
         with self._ledger.lock:
             applied = self._applied
-            # Before apply() a conflict only warns (as in the DrivingSDK patcher): a
-            # disable() may still follow; apply() raises if both are still enabled.
-            # After apply(), adding is applying, so it raises now.
-            conflict = config.conflict(added, enabled=frozenset(config.enabled))
-            if conflict is not None and applied:
-                raise PatchConflictError(conflict)
-            config.items.extend(added)
+            conflict = config.take(added, applied)  # raises on a conflict after apply()
         if conflict is not None:
-            warnings.warn(
-                f"{conflict}; apply() raises unless one of them is disabled first",
-                UserWarning,
-                stacklevel=2,
-            )
+            warnings.warn(f"{conflict}; apply() raises unless one is disabled", stacklevel=2)
         for rule in rules:
             self._add_rule(rule)
         if applied and added:
@@ -204,25 +192,14 @@ class Patcher:
         when_missing: bool = False,
         **attrs: Any,
     ) -> _Self:
-        """Serve ``replacement`` when ``module_path`` is imported; the original never runs (immediate).
+        """Serve a module in place of ``module_path`` when it is imported (see ReplaceImport).
 
-        ``replacement``: a module, a factory, a dotted base-module name,
-        ``replace_with.module(base, **exports)`` or None; ``base_module=``: the module
-        the served one falls back to (not with ``replacement``); ``exports={...}`` and
-        ``**attrs``: its attributes (a name in both raises). ``when_missing=True``:
-        serve it only where no real ``module_path`` is installed.
+        ``when_missing=True``: only where no real ``module_path`` is installed.
         """
         from ._rules import ReplaceImport
 
-        rule = ReplaceImport(
-            module_path,
-            replacement,
-            base_module=base_module,
-            exports=exports,
-            when_missing=when_missing,
-            **attrs,
-        )
-        self._add_rule(rule)
+        kw = {"base_module": base_module, "exports": exports, "when_missing": when_missing}
+        self._add_rule(ReplaceImport(module_path, replacement, **kw, **attrs))
         return self
 
     def inject_import(self: _Self, source_module: str, name: str, target_module: str) -> _Self:
@@ -321,6 +298,14 @@ class Patcher:
                 InstalledPatch(entry.record, entry.original, lazy.func if lazy else replacement)
             )
         return out
+
+    def print_info(self, diff: bool = False) -> str:
+        """Print and return each patch's ``[state] target: original -> replacement`` (_info)."""
+        from ._info import patcher_info
+
+        text = patcher_info(self._applied, self._ledger, *self._config.listing(), diff)
+        print(text)
+        return text
 
     def __enter__(self: _Self) -> _Self:
         self.apply()

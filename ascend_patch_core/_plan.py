@@ -32,12 +32,12 @@ from ._entries import in_cycle
 from ._entries import who
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
+from ._group_names import group_names
 from ._metadata import MetadataCache
 from ._patch import AtomicPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patch import PatchLike
-from ._patch import group_names
 from ._report import FAILED
 from ._report import PENDING
 from ._report import REVERTED

@@ -248,3 +248,65 @@ def test_disable_after_apply_by_snake_name(make_package: PackageFactory, patcher
     assert resnet.maxpool_forward(1) == ("index", 1)
     patcher.disable("tensor_index")
     assert resnet.maxpool_forward(1) == ("orig", 1)
+
+
+# ------------------------------------------------------------------ item 1: per-patch use
+
+
+def test_atomic_patch_apply_alone(make_package: PackageFactory) -> None:
+    """AtomicPatch("m.f", g).apply(), .is_applied, .module, .get_info() as patch.py uses them."""
+    resnet = _resnet(make_package)
+
+    def npu_maxpool(x: Any) -> Any:
+        return ("npu", x)
+
+    patch = AtomicPatch(f"{resnet.__name__}.maxpool_forward", npu_maxpool)
+    assert patch.module == resnet.__name__.split(".")[0]
+    assert not patch.is_applied
+    record = patch.apply()
+    assert record.status is Status.APPLIED and patch.is_applied
+    assert resnet.maxpool_forward(1) == ("npu", 1)
+    info = patch.get_info()
+    assert info.startswith(f"{resnet.__name__}.maxpool_forward: ")
+    assert "maxpool_forward -> " in info and "npu_maxpool" in info
+    diff = patch.get_info(show_diff=True)
+    assert "-def maxpool_forward(x):" in diff and "+    def npu_maxpool" in diff
+    patch.revert()
+    assert not patch.is_applied and resnet.maxpool_forward(1) == ("orig", 1)
+
+
+def test_patch_group_apply_all_and_iteration(make_package: PackageFactory) -> None:
+    resnet = _resnet(make_package)
+    maxpool, _ = _groups(resnet.__name__)
+    children = list(maxpool())
+    assert [c.target for c in children] == [f"{resnet.__name__}.maxpool_forward"]
+    records = maxpool.apply_all()
+    assert [r.status for r in records] == [Status.APPLIED]
+    assert resnet.maxpool_forward(1) == ("maxpool", 1)
+    folded = maxpool().apply()  # the same patcher: still applied
+    assert folded.kind == "group" and folded.name == "resnet_maxpool"
+    assert folded.status is Status.APPLIED
+    maxpool.revert_all()
+    assert resnet.maxpool_forward(1) == ("orig", 1)
+
+
+def test_print_info_before_and_after_apply(
+    make_package: PackageFactory, patcher: Patcher, capsys: pytest.CaptureFixture[str]
+) -> None:
+    resnet = _resnet(make_package)
+    maxpool, fp16 = _groups(resnet.__name__)
+    with pytest.warns(UserWarning, match="conflict"):
+        patcher.add(maxpool).add(fp16)
+    patcher.disable("resnet_fp16")
+    text = patcher.print_info()
+    assert text in capsys.readouterr().out
+    assert text.startswith("Patcher Info (1 modules, 2 patches)")
+    assert f"[pending] {resnet.__name__}.maxpool_forward: <missing> ->" in text
+    assert f"[disabled] {resnet.__name__}.maxpool_forward" in text
+    assert resnet.maxpool_forward(1) == ("orig", 1), "print_info() applied nothing"
+    patcher.apply()
+    after = patcher.print_info(diff=True)
+    assert (
+        f"[applied] {resnet.__name__}.maxpool_forward: {resnet.__name__}.maxpool_forward" in after
+    )
+    assert "-def maxpool_forward(x):" in after

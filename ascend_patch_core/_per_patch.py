@@ -1,0 +1,93 @@
+"""Applying one patch or one group on its own, and ``Patcher.print_info()``.
+
+The DrivingSDK patcher's ``AtomicPatch(...).apply()``, ``.is_applied``,
+``.get_info()`` and ``Patch.apply_all()`` (``Patcher.print_info()``: ``_info``). Each
+patch or group applied alone gets a Patcher of its own, so it is lazy and reversible
+like everything else: ``apply()`` returns the patch's record, which says ``pending``
+until the target module is imported, and ``revert()`` undoes it.
+
+The declarations (``_patch``) cannot import the Patcher (it imports them); this
+module registers itself with them when the package is imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from . import _patch
+from ._info import info_line
+from ._patch import AtomicPatch
+from ._patch import Patch
+from ._patcher import Patcher
+from ._report import Record
+from ._report import Status
+
+
+__all__ = [
+    "apply_group",
+    "apply_one",
+    "fold",
+    "info_line",
+    "record_of",
+    "revert_group",
+    "revert_one",
+]
+
+
+def apply_one(patch: AtomicPatch) -> Record:
+    """Apply ``patch`` on a Patcher of its own (once); return its record."""
+    own: Patcher | None = getattr(patch, "_own_patcher", None)
+    if own is None:
+        own = Patcher().add(patch)
+        patch._own_patcher = own  # type: ignore[attr-defined]
+    return _record_of(own.apply(), patch)
+
+
+def revert_one(patch: AtomicPatch) -> Record | None:
+    own: Patcher | None = getattr(patch, "_own_patcher", None)
+    return None if own is None else _record_of(own.revert(), patch)
+
+
+def record_of(patch: AtomicPatch) -> Record | None:
+    own: Patcher | None = getattr(patch, "_own_patcher", None)
+    return None if own is None else _record_of(own.report, patch)
+
+
+def _record_of(records: Iterable[Record], patch: AtomicPatch) -> Record:
+    for record in records:
+        if record.kind == "patch" and record.name == patch.name:
+            return record
+    raise LookupError(f"no record for {patch!r}")  # pragma: no cover - add() always makes one
+
+
+def apply_group(group: type[Patch], options: Any) -> list[Record]:
+    """``Patch.apply_all()``: the group's patches applied on a Patcher of its own."""
+    own: Patcher | None = group.__dict__.get("_own_patcher")
+    if own is None:
+        own = Patcher().add(group, options=options)
+        group._own_patcher = own  # type: ignore[attr-defined]
+    report = own.apply()
+    return [r for r in report.records if r.group == group.name or r.name == group.name]
+
+
+def revert_group(group: type[Patch]) -> list[Record]:
+    """``Patch.revert_all()``: undo :func:`apply_group`."""
+    own: Patcher | None = group.__dict__.get("_own_patcher")
+    if own is None:
+        return []
+    return [r for r in own.revert() if r.group == group.name or r.name == group.name]
+
+
+def fold(records: list[Record], name: str) -> Record:
+    """One record for a group: failed if one failed, applied if one applied, ..."""
+    statuses = {r.status for r in records}
+    for status in (Status.FAILED, Status.APPLIED, Status.PENDING, Status.SKIPPED):
+        if status in statuses:
+            reasons = sorted({r.reason for r in records if r.status is status and r.reason})
+            return Record("group", name, name, status, "; ".join(reasons) or None, name)
+    return Record("group", name, name, Status.SKIPPED, "declares no patch", name)
+
+
+_patch.standalone = sys.modules[__name__]
