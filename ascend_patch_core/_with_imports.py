@@ -13,6 +13,13 @@ Spec forms::
     "torch.nn.functional as F"        #                             -> name F
     ("torch_npu", "npu_rms_norm")     # from torch_npu import npu_rms_norm
     ("torch_npu", "npu_rms_norm as rms_norm", "npu_swiglu")
+    "@torch.no_grad()"                # a decorator, applied at the first call
+
+As in the DrivingSDK patcher, an import that fails warns and the function runs: the
+name is bound to a placeholder that retries the import when used and raises
+``ImportError`` (naming the function and the spec) if it still fails -- a name the
+call never touches costs nothing. ``apply_decorators=[("pkg.deco", {"k": v}), ...]``
+is the DrivingSDK patcher's older decorator form.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ import functools
 import importlib
 import re
 import threading
+import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeAlias
 from typing import TypeVar
+from typing import Union
 
 from ._errors import PatchDefinitionError
 
@@ -65,12 +75,48 @@ def _parse(spec: str | Sequence[str]) -> list[tuple[str, str | None, str]]:
     )
 
 
+#: A decorator to apply at the first call: ``"@expr"`` text or ``(dotted name, kwargs)``.
+Decorator: TypeAlias = Union[str, tuple[str, dict[str, Any]]]  # noqa: UP007 (runtime alias on 3.10)
+
+
+class _NotImported:
+    """Bound in place of a name whose import failed: retries on use, else raises ImportError."""
+
+    def __init__(self, load: Callable[[], Any], namespace: dict[str, Any], bound: str) -> None:
+        self._load, self._namespace, self._bound = load, namespace, bound
+
+    def _value(self) -> Any:
+        value = self._load()  # raises ImportError naming the function and the spec
+        if self._namespace.get(self._bound) is self:
+            self._namespace[self._bound] = value
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(self._value(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._value()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<not imported: {self._bound}>"
+
+
 class LazyImports:
     """The deferred imports of one function; resolved once, on its first call."""
 
-    def __init__(self, func: Callable[..., Any], specs: list[tuple[str, str | None, str]]) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        specs: list[tuple[str, str | None, str]],
+        decorators: Sequence[Decorator] = (),
+    ) -> None:
         self.func = func
         self.specs = specs
+        self.decorators = tuple(decorators)
+        #: What a call runs: ``func`` with its decorators, once resolved.
+        self.call: Callable[..., Any] = func
         self.resolved = False
         #: The function that stands in for ``func`` until the first call.
         self.trampoline: Callable[..., Any] | None = None
@@ -86,8 +132,17 @@ class LazyImports:
             namespace = self.func.__globals__
             values: dict[str, Any] = {}
             for module, attribute, bound in self.specs:
-                values[bound] = _load(module, attribute, self.func)
+                load = functools.partial(_load, module, attribute, self.func)
+                try:
+                    values[bound] = load()
+                except ImportError as exc:
+                    warnings.warn(f"{exc}; the function runs without it", stacklevel=4)
+                    values[bound] = _NotImported(load, namespace, bound)
             namespace.update(values)
+            call = self.func
+            for decorator in reversed(self.decorators):  # the first written is outermost
+                call = _decorate(call, decorator, namespace, self.func)
+            self.call = call
             self.resolved = True
             listeners, self.on_resolved = self.on_resolved, []
         for listener in listeners:
@@ -112,15 +167,56 @@ def _load(module: str, attribute: str | None, func: Callable[..., Any]) -> Any:
         raise ImportError(f"with_imports on {where}: cannot import {what}: {exc}") from exc
 
 
-def with_imports(*specs: str | Sequence[str]) -> Callable[[F], F]:
+def _decorate(
+    call: Callable[..., Any], decorator: Decorator, namespace: dict[str, Any], func: Any
+) -> Callable[..., Any]:
+    where = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+    try:
+        if isinstance(decorator, str):  # "@expr", evaluated where the function lives
+            return eval(decorator, namespace)(call)  # type: ignore[no-any-return]
+        dotted, kwargs = decorator
+        module, _, name = dotted.rpartition(".")
+        made = getattr(importlib.import_module(module), name)
+        return made(**kwargs)(call) if kwargs else made(call)  # type: ignore[no-any-return]
+    except ImportError:
+        raise
+    except Exception as exc:
+        raise PatchDefinitionError(
+            f"with_imports on {where}: decorator {decorator!r} failed: {exc!r}"
+        ) from exc
+
+
+def _legacy_decorators(apply_decorators: Any) -> list[Decorator]:
+    out: list[Decorator] = []
+    for item in apply_decorators or ():
+        dotted, kwargs = (item, {}) if isinstance(item, str) else item
+        if not isinstance(dotted, str) or not re.fullmatch(_DOTTED, dotted) or "." not in dotted:
+            raise PatchDefinitionError(f"with_imports: invalid decorator {item!r}")
+        out.append((dotted, dict(kwargs or {})))
+    return out
+
+
+def with_imports(
+    *specs: str | Sequence[str], apply_decorators: Sequence[Any] | None = None
+) -> Callable[[F], F]:
     """Decorate a replacement so ``specs`` are imported into its module on first call.
 
     Works on plain functions and on staticmethod/classmethod objects (in either
-    decorator order). A failed import raises ``ImportError`` naming the function and
-    the spec at that call, and is retried on the next call.
+    decorator order). A failed import warns and binds a placeholder that raises
+    ``ImportError`` (naming the function and the spec) when used. ``"@expr"`` specs and
+    ``apply_decorators`` are decorators applied at the first call, after the imports.
     """
-    parsed = [triple for spec in specs for triple in _parse(spec)]
-    if not parsed:
+    decorators: list[Decorator] = [
+        spec[1:] for spec in specs if isinstance(spec, str) and spec.startswith("@")
+    ]
+    decorators += _legacy_decorators(apply_decorators)
+    parsed = [
+        triple
+        for spec in specs
+        if not (isinstance(spec, str) and spec.startswith("@"))
+        for triple in _parse(spec)
+    ]
+    if not parsed and not decorators:
         raise PatchDefinitionError("with_imports: give at least one module or name to import")
 
     def decorate(obj: F) -> F:
@@ -128,15 +224,22 @@ def with_imports(*specs: str | Sequence[str]) -> Callable[[F], F]:
         func: Any = obj
         if isinstance(obj, (staticmethod, classmethod)):
             descriptor, func = type(obj), obj.__func__
+        inner = lazy_imports_of(func)
+        if inner is not None:  # stacked: one trampoline with both lists
+            func = inner.func
         if not callable(func) or not hasattr(func, "__globals__"):
             raise PatchDefinitionError(f"with_imports: {obj!r} is not a Python function")
-        state = LazyImports(func, parsed)
+        state = (
+            LazyImports(func, [*inner.specs, *parsed], [*decorators, *inner.decorators])
+            if inner is not None
+            else LazyImports(func, parsed, decorators)
+        )
 
         @functools.wraps(func)
         def with_imports_trampoline(*args: Any, **kwargs: Any) -> Any:
             if not state.resolved:
                 state.resolve()
-            return func(*args, **kwargs)
+            return state.call(*args, **kwargs)
 
         with_imports_trampoline.__ascend_patch_with_imports__ = state  # type: ignore[attr-defined]
         state.trampoline = with_imports_trampoline
@@ -183,12 +286,12 @@ def install_when_resolved(site: Any, lock: Any) -> None:
             if slot.current() is not trampoline_raw:
                 return
             new_raw = (
-                adapt_to_descriptor(trampoline_raw, state.func)
+                adapt_to_descriptor(trampoline_raw, state.call)
                 if isinstance(trampoline_raw, (staticmethod, classmethod))
-                else state.func
+                else state.call
             )
             modules_before = module_ids()
             slot.install(new_raw)
-            site.installed_now(slot, new_raw, state.func, modules_before)
+            site.installed_now(slot, new_raw, state.call, modules_before)
 
     state.on_resolved.append(swap)
