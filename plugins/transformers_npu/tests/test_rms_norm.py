@@ -230,3 +230,12 @@ def test_every_patched_class_computes_its_original_formula(npu_emulator, isolate
     # listed as such); in 4.51 it is the standard one. Either way it is accounted for.
     olmo2 = "transformers.models.olmo2.modeling_olmo2.Olmo2RMSNorm"
     assert (olmo2 in patched) != (olmo2 in excluded_rms_norms())
+
+
+def test_revert_restores_every_class(npu_emulator, isolated_patcher):
+    originals = (modeling_llama.LlamaRMSNorm.forward, modeling_gemma.GemmaRMSNorm.forward)
+    isolated_patcher.add(TransformersRMSNorm).apply()
+    assert modeling_llama.LlamaRMSNorm.forward is not originals[0]
+    assert modeling_gemma.GemmaRMSNorm.forward is not originals[1]
+    isolated_patcher.revert()
+    assert (modeling_llama.LlamaRMSNorm.forward, modeling_gemma.GemmaRMSNorm.forward) == originals
