@@ -16,7 +16,6 @@ its Groups section, with the installed transformers version.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,8 @@ from ascend_patch_core import AtomicPatch
 
 from .attention import IMPLEMENTATION
 from .attention import fusion_supported
+from .attention_rules import findable
+from .attention_rules import npu_integration_needs_einops
 
 
 __all__ = ["attention_patches", "enable_flash_attention_2", "flash_attn_stand_in"]
@@ -33,13 +34,6 @@ _INTERFACE = "transformers.modeling_utils:AttentionInterface._global_mapping"
 _MASKS = "transformers.masking_utils:AttentionMaskInterface._global_mapping"
 _FUSED = f"{_ATTENTION}:npu_attention_forward"
 _FUSED_NAME = "npu attention: fused path"
-
-
-def _findable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _transformers_version() -> str:
@@ -54,7 +48,7 @@ def flash_attn_stand_in() -> bool:
     try:
         importlib.metadata.distribution("flash-attn")
     except importlib.metadata.PackageNotFoundError:
-        return _findable("flash_attn") and _findable("torch_npu")
+        return findable("flash_attn") and findable("torch_npu")
     return False
 
 
@@ -91,7 +85,6 @@ def attention_patches(options: Any = None) -> Iterator[AtomicPatch]:
         f'attn_implementation="{IMPLEMENTATION}": npu_fusion_attention (BNSD); '
         "fallback: sdpa (eager for attention weights or softcap)"
     )
-    from .groups_attention import npu_integration_needs_einops
 
     einops_free = ", served without einops" if npu_integration_needs_einops() else ""
     flash = (

@@ -22,6 +22,17 @@ from ascend_patch_transformers.groups_attention import import_rules  # noqa: E40
 
 
 FUSED = "ascend_patch_transformers.attention:npu_attention_forward"
+
+
+@pytest.fixture(autouse=True)
+def _rules(npu_emulator, isolated_patcher):
+    """The plugin's import rules from the start, as under ``ascend-patch run``.
+
+    (transformers 4.51 without einops imports no model module on an NPU without them.)
+    """
+    isolated_patcher.add(*import_rules())
+
+
 LAYERS = 2
 
 CONFIGS = {
@@ -101,7 +112,7 @@ def test_npu_attention_matches_the_baseline(arch, baseline, npu_emulator, isolat
     prompts, prompt_mask, _ = _batch("left")
     ref_tokens = _generate(reference, prompts, prompt_mask)
 
-    isolated_patcher.add(NpuAttention, *import_rules()).apply()
+    isolated_patcher.add(NpuAttention).apply()
     model = _model(cfg, IMPLEMENTATION, reference.state_dict())
     logits, loss, grads = _run(model, ids, mask, labels)
 
@@ -126,7 +137,7 @@ def test_causal_without_padding_uses_the_compressed_mask(npu_emulator, isolated_
     with torch.no_grad():
         expected = reference(input_ids=ids).logits
 
-    isolated_patcher.add(NpuAttention, *import_rules()).apply()
+    isolated_patcher.add(NpuAttention).apply()
     model = _model(cfg, IMPLEMENTATION, reference.state_dict())
     with torch.no_grad():
         logits = model(input_ids=ids).logits
@@ -143,7 +154,7 @@ def test_attention_weights_fall_back_to_eager(npu_emulator, isolated_patcher):
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask, output_attentions=True)
 
-    isolated_patcher.add(NpuAttention, *import_rules()).apply()
+    isolated_patcher.add(NpuAttention).apply()
     model = _model(cfg, IMPLEMENTATION, reference.state_dict())
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
