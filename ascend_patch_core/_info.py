@@ -15,13 +15,14 @@ from ._entries import Entry
 from ._entries import Ledger
 from ._metadata import metadata
 from ._plan import plan
+from ._report import InstalledPatch
 from ._report import Status
 
 
 if TYPE_CHECKING:
     from ._patch import AtomicPatch
 
-__all__ = ["info_line", "patcher_info"]
+__all__ = ["info_line", "installed_patches", "patcher_info"]
 
 
 def _qualname(obj: Any) -> str:
@@ -80,3 +81,18 @@ def patcher_info(
             text = info_line(entry.patch, entry.original, replacement, diff)
             out.append(f"  [{state}] " + text.replace("\n", "\n    "))
     return "\n".join(out)
+
+
+def installed_patches(ledger: Ledger) -> list[InstalledPatch]:
+    """``Patcher.installed()``: record, original and replacement of each installed patch."""
+    from ._target import inner_callable
+    from ._with_imports import lazy_imports_of
+
+    with ledger.lock:
+        applied = [e for e in ledger.entries if e.status is Status.APPLIED]
+    out = []
+    for entry in applied:
+        replacement = inner_callable(entry.replacement)
+        lazy = lazy_imports_of(replacement)
+        out.append(InstalledPatch(entry.record, entry.original, lazy.func if lazy else replacement))
+    return out

@@ -331,6 +331,8 @@ class Patch:
     requires: ClassVar[str | Sequence[str] | None] = None
     after: ClassVar[Sequence[str]] = ()
     legacy_name: ClassVar[str | None] = None
+    #: Planned and started before every other group's ``patches()`` runs (their imports need it).
+    apply_before_collect: ClassVar[bool] = False
     #: Other names ``disable()``, ``enable()`` and ``conflicts_with`` may use (see group_names).
     aliases: ClassVar[Sequence[str]] = ()
     opt_in: ClassVar[bool] = False

@@ -31,8 +31,8 @@ from ._patch import Patch
 from ._patch import PatchLike
 from ._plan import Plan
 from ._plan import plan
+from ._plan import plan_bootstrapped
 from ._registry import PluginSelection
-from ._report import APPLIED
 from ._report import USER
 from ._report import InstalledPatch
 from ._report import Report
@@ -285,19 +285,9 @@ class Patcher:
 
     def installed(self) -> list[InstalledPatch]:
         """The patches installed now: record, original and replacement of each."""
-        from ._target import inner_callable
-        from ._with_imports import lazy_imports_of
+        from ._info import installed_patches
 
-        with self._ledger.lock:
-            applied = [e for e in self._ledger.entries if e.status is APPLIED]
-        out = []
-        for entry in applied:
-            replacement = inner_callable(entry.replacement)
-            lazy = lazy_imports_of(replacement)
-            out.append(
-                InstalledPatch(entry.record, entry.original, lazy.func if lazy else replacement)
-            )
-        return out
+        return installed_patches(self._ledger)
 
     def print_info(self, diff: bool = False) -> str:
         """Print and return each patch's ``[state] target: original -> replacement`` (_info)."""
@@ -371,7 +361,9 @@ class Patcher:
         with self._ledger.lock:
             # Plan first: a conflict raises before anything is changed.
             config.raise_conflicts(declared, with_added=False, enabled=self._switches()["enabled"])
-            planned = plan(declared, self._ledger, metadata, **self._switches())
+            planned = plan_bootstrapped(
+                declared, self._ledger, metadata, self._start, **self._switches()
+            )
             config.check_unknown_names(
                 self._env_enabled, self._ledger, planned.groups, found.plugin_names, self._strict
             )

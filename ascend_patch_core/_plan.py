@@ -19,6 +19,7 @@ separate functions, because the Patcher checks them at other moments.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
@@ -104,6 +105,29 @@ def enabled_by(group: type[Patch], names: frozenset[str]) -> bool:
 def switched_on(group: type[Patch], provenance: Provenance, names: frozenset[str]) -> bool:
     """Whether ``group`` is on as far as opt-in goes: a plugin's opt-in group needs a switch."""
     return not (group.opt_in and provenance.plugin is not None and not enabled_by(group, names))
+
+
+def plan_bootstrapped(
+    declared: list[Declared],
+    ledger: Ledger,
+    meta: MetadataCache,
+    start: Callable[[Plan], None],
+    **switches: Any,
+) -> Plan:
+    """``plan()``, but groups with ``apply_before_collect`` are planned and started first.
+
+    The DrivingSDK patcher's bootstrap: a group whose ``patches()`` imports code that
+    needs another group applied (``np.int`` from NumpyCompat) then finds it applied.
+    """
+    early = [d for d in declared if getattr(d.item, "apply_before_collect", False) is True]
+    if not early:
+        return plan(declared, ledger, meta, **switches)
+    first = plan(early, ledger, meta, **switches)
+    start(first)
+    started = {id(d) for d in early}
+    rest = plan([d for d in declared if id(d) not in started], ledger, meta, **switches)
+    rest.groups = {**first.groups, **rest.groups}
+    return rest
 
 
 def plan(

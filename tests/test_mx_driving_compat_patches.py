@@ -310,3 +310,50 @@ def test_print_info_before_and_after_apply(
         f"[applied] {resnet.__name__}.maxpool_forward: {resnet.__name__}.maxpool_forward" in after
     )
     assert "-def maxpool_forward(x):" in after
+
+
+# ------------------------------------------------------------------ item 7: apply_before_collect
+
+
+def _bootstrap_case(make_package: PackageFactory, early_first: bool) -> tuple[Any, Any, Any]:
+    pkg = make_package(
+        {
+            "np.py": "bool_ = bool\n",  # an old numpy without the alias the model needs
+            "model.py": "from .np import int_\nWIDTH = int_(3)\n",
+        }
+    )
+    np = importlib.import_module(f"{pkg}.np")  # already imported, as numpy always is
+
+    class NumpyCompat(Patch):
+        apply_before_collect = early_first
+
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            return [AtomicPatch(f"{pkg}.np.int_", int, create=True)]
+
+    class ModelPatch(Patch):
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            model = importlib.import_module(f"{pkg}.model")  # an eager patches()
+            return [AtomicPatch(f"{pkg}.model.WIDTH", model.WIDTH + 1)]
+
+    return np, NumpyCompat, ModelPatch
+
+
+def test_apply_before_collect_runs_first(make_package: PackageFactory, patcher: Patcher) -> None:
+    """The reference's NumpyCompat case: ModelPatch.patches() imports code needing np.int_."""
+    np, compat, model_patch = _bootstrap_case(make_package, early_first=True)
+    report = patcher.add(model_patch, compat).apply()  # added after the group needing it
+    assert np.int_ is int
+    model = sys.modules[f"{np.__name__.rpartition('.')[0]}.model"]
+    assert model.WIDTH == 4
+    assert not [r for r in report.records if r.status.value == "failed"]
+
+
+def test_without_apply_before_collect_the_group_fails_alone(
+    make_package: PackageFactory, patcher: Patcher
+) -> None:
+    np, compat, model_patch = _bootstrap_case(make_package, early_first=False)
+    report = patcher.add(model_patch, compat).apply()
+    assert report.get("ModelPatch", kind="group").status.value == "failed"
+    assert np.int_ is int, "the other group still applies"
