@@ -277,8 +277,8 @@ def npu_attention_forward(
     otherwise; the group's patch runs :func:`fusion_attention_forward` in
     front of this for the inputs :func:`fusion_supported` accepts.
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
+    # Loaded: the model calling this went through it.
+    interface = sys.modules["transformers.modeling_utils"].ALL_ATTENTION_FUNCTIONS
     eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     # Attention weights, and softcap (which transformers 4.57's sdpa ignores and 5.x's
     # refuses): the model's own eager attention, which computes both.
@@ -294,7 +294,7 @@ def npu_attention_forward(
         kwargs["is_causal"] = _causal(module, is_causal, query)
     elif is_causal is not None:
         kwargs["is_causal"] = is_causal
-    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    sdpa = interface["sdpa"]
     return sdpa(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )  # type: ignore[no-any-return]
