@@ -47,6 +47,15 @@ from ._requires import override_version
 if TYPE_CHECKING:
     from ._env_flags import env_flag
     from ._legacy import PatcherBuilder
+    from ._legacy import default_patcher_builder
+    from ._mx_names import PatchResult
+    from ._mx_names import PatchStatus
+    from ._mx_names import RegistryPatch
+    from ._mx_names import check_version
+    from ._mx_names import get_version
+    from ._mx_names import is_mmcv_v1x
+    from ._mx_names import is_mmcv_v2x
+    from ._mx_names import mmcv_version
     from ._replace_args import replace_with
     from ._rules import ImportRule
     from ._rules import InjectImport
@@ -64,6 +73,16 @@ _LAZY = {
     "ReplaceImport": "._rules",
     "SkipImport": "._rules",
     "PatcherBuilder": "._legacy",
+    "default_patcher_builder": "._legacy",
+    # The DrivingSDK patcher's names (docs/migrating-from-mx-driving.md).
+    "PatchResult": "._mx_names",
+    "PatchStatus": "._mx_names",
+    "RegistryPatch": "._mx_names",
+    "check_version": "._mx_names",
+    "get_version": "._mx_names",
+    "is_mmcv_v1x": "._mx_names",
+    "is_mmcv_v2x": "._mx_names",
+    "mmcv_version": "._mx_names",
     "replace_with": "._replace_args",
     "is_stub": "._stubs",
     "with_imports": "._with_imports",
@@ -83,11 +102,14 @@ __all__ = [
     "PatchConflictError",
     "PatchDefinitionError",
     "PatchError",
+    "PatchResult",
+    "PatchStatus",
     "Patcher",
     "PatcherBuilder",
     "PluginError",
     "Provenance",
     "Record",
+    "RegistryPatch",
     "ReplaceImport",
     "Report",
     "SkipImport",
@@ -95,10 +117,16 @@ __all__ = [
     "Status",
     "StubUsageError",
     "apply",
+    "check_version",
     "default_patcher",
+    "default_patcher_builder",
     "env_flag",
+    "get_version",
     "hookimpl",
+    "is_mmcv_v1x",
+    "is_mmcv_v2x",
     "is_stub",
+    "mmcv_version",
     "override_version",
     "replace_with",
     "revert",

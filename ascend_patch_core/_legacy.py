@@ -28,7 +28,7 @@ from ._patch import Patch
 from ._patcher import Patcher
 
 
-__all__ = ["PatcherBuilder", "legacy_function"]
+__all__ = ["PatcherBuilder", "default_patcher_builder", "legacy_function"]
 
 
 class PatcherBuilder:
@@ -80,9 +80,12 @@ class PatcherBuilder:
         self._brake_step = step
         return self
 
+    #: Whether build() also holds every installed plugin's default patches.
+    _autoload = False
+
     def build(self, allow_internal_format: bool | None = None) -> Patcher:
         """Return a new, unapplied :class:`Patcher` holding these patches (in priority order)."""
-        patcher = Patcher()
+        patcher = Patcher(autoload=self._autoload)
         ordered = sorted(self._module_patches, key=lambda mp: mp[1].priority)
         for module_name, patch in ordered:
             group = getattr(patch.func, "__ascend_patch_group__", None)
@@ -99,6 +102,20 @@ class PatcherBuilder:
         if allow_internal_format is not None:
             patcher.allow_internal_format(allow_internal_format)
         return patcher
+
+
+class _DefaultPatcherBuilder(PatcherBuilder):
+    """1.0's ``default_patcher_builder``: build() also holds the plugins' default patches.
+
+    Each build() makes a new Patcher, apart from ``default_patcher``: apply one of the
+    two, not both (both would install the plugins' patches twice; the second collides).
+    """
+
+    _autoload = True
+
+
+#: The 1.0 builder preloaded with the default patches (of every installed plugin).
+default_patcher_builder = _DefaultPatcherBuilder()
 
 
 def _group_function(group: type[Patch]) -> Callable[..., None]:
