@@ -198,8 +198,10 @@ class Patcher:
         """
         from ._rules import ReplaceImport
 
-        kw = {"base_module": base_module, "exports": exports, "when_missing": when_missing}
-        self._add_rule(ReplaceImport(module_path, replacement, **kw, **attrs))
+        kw: dict[str, Any] = {"base_module": base_module, "exports": exports}
+        self._add_rule(
+            ReplaceImport(module_path, replacement, when_missing=when_missing, **kw, **attrs)
+        )
         return self
 
     def inject_import(self: _Self, source_module: str, name: str, target_module: str) -> _Self:

@@ -639,10 +639,11 @@ def test_with_imports_global_statement_writes_reach_the_module(
 def test_with_imports_failed_import_names_function_and_retries(
     make_package: PackageFactory,
 ) -> None:
-    """A failed import raises ImportError naming the function and the spec; a later call retries."""
+    """A failed import warns; using the name raises ImportError naming the function and
+    the spec; a later use retries."""
     pkg = make_package({"repl.py": _WITH_IMPORTS_SRC, "helpers.py": _HELPERS_SRC})
     repl = _import(f"{pkg}.repl")
-    with pytest.raises(ImportError) as info:
+    with pytest.raises(ImportError) as info, pytest.warns(UserWarning, match="later"):
         repl.uses_later()
     message = str(info.value)
     assert "uses_later" in message and f"{pkg}.later" in message
