@@ -159,3 +159,22 @@ def test_softcap_falls_back_to_the_models_eager_attention(npu_attention):
 
     out, _ = ALL_ATTENTION_FUNCTIONS["npu"](layer, q, k, v, None, scaling=scale, softcap=cap)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_dropout_is_the_ops_keep_probability(npu_attention):
+    """dropout=p runs the op with keep_prob=1-p: reproducible under a seed, and not a no-op."""
+    q, k, v = _inputs()
+    plain, _ = npu_attention(q, k, v, None, dropout=0.0)
+    torch.manual_seed(7)
+    first, path = npu_attention(q, k, v, None, dropout=0.4)
+    torch.manual_seed(7)
+    second, _ = npu_attention(q, k, v, None, dropout=0.4)
+    assert path == "fused"
+    assert torch.equal(first, second)
+    assert not torch.allclose(first, plain)
+    # keep_prob 1 - 0.4 scales the kept weights by 1/0.6: the expectation is the plain output
+    runs = []
+    for seed in range(200):
+        torch.manual_seed(seed)
+        runs.append(npu_attention(q, k, v, None, dropout=0.4)[0])
+    assert (torch.stack(runs).mean(0) - plain).abs().mean() < 0.05
