@@ -39,19 +39,21 @@ CONFIGS = {
     "llama": {},
     "qwen3": {"head_dim": 16},
     "mistral": {},
+    # a window shorter than the sequences: the masks carry it
+    "mistral-window": {"sliding_window": 4},
 }
 
 
-def _config(arch):
+def _config(name):
     return transformers.AutoConfig.for_model(
-        arch,
+        name.split("-")[0],
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,  # GQA: two query heads per key/value head
-        **CONFIGS[arch],
+        **CONFIGS[name],
     )
 
 
