@@ -7,6 +7,8 @@ which import no patch family.
 
 from __future__ import annotations
 
+import importlib.util
+
 from ascend_patch_core import ImportRule
 from ascend_patch_core import Patch
 from ascend_patch_core import ReplaceImport
@@ -22,7 +24,13 @@ EXT_PROVIDER = "ascend_patch_mmcv.ext.provider:build_module"
 
 @hookimpl
 def register_import_rules() -> list[ImportRule]:
-    """``mmcv._ext`` where mmcv has no compiled ops (mmcv-lite): a compiled mmcv keeps its own."""
+    """``mmcv._ext`` where mmcv has no compiled ops (mmcv-lite): a compiled mmcv keeps its own.
+
+    Only where mmcv is installed at all: declaring the rule imports the core's rule
+    machinery (~0.4 ms of every ``apply()``), which a program without mmcv need not pay.
+    """
+    if importlib.util.find_spec("mmcv") is None:
+        return []
     return [ReplaceImport("mmcv._ext", EXT_PROVIDER, when_missing=True)]
 
 

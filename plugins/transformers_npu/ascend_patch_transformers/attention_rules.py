@@ -1,12 +1,12 @@
 """The attention family's import rules: what the plugin serves on an NPU machine.
 
 Imported by :mod:`ascend_patch_transformers.groups_attention`, so by every ``apply()``:
-it imports no library, only asks the import system (``find_spec``) and metadata.
+it imports no library, only asks the import system (``find_spec``); on an NPU machine,
+also distribution metadata.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 from typing import TYPE_CHECKING
@@ -61,6 +61,10 @@ def npu_integration_needs_einops() -> bool:
     """transformers 4.51/4.52 without einops, in the default (down-right) causal mode."""
     if os.environ.get("NPU_FA2_SPARSE_MODE", "3") != "3" or findable("einops"):
         return False
+    # Imported here, on NPU machines only: importlib.metadata costs ~27 ms in a fresh
+    # interpreter, which apply() avoids (the core caches what it needs of metadata).
+    import importlib.metadata
+
     try:
         version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
