@@ -306,3 +306,25 @@ def test_angles_in_degrees_from_mmcvs_npu_branch(monkeypatch):
         degrees, scores, empty_order, degrees, scores.new_empty(0, dtype=torch.int), 0.2, 0
     )
     assert torch.equal(keep, _nms(compiled, boxes1, scores, 0.2))
+
+
+def test_box_iou_rotated_where_mmcvs_hull_misorders_points():
+    """A box inside another, edges nearly coinciding (an angle of -2 pi in float32):
+    mmcv's CPU kernel returns 0.6 (its Graham scan leaves the points out of order, an
+    intersection larger than the inner box); the portable code returns the IoU, 1/3."""
+    inner = torch.tensor([[4.0, 0.0, 3.0, 1.0, 0.0]])
+    outer = torch.tensor([[4.0, 1.0, 3.0, 3.0, -2 * math.pi]])
+    assert float(_iou(compiled, inner, outer)) == pytest.approx(0.6, abs=1e-5)
+    assert float(_iou(rotated, inner, outer)) == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_nms_rotated_iou_exactly_at_the_threshold():
+    """A 3x2 box inside a 6x5 one: IoU 6/30, exactly 0.2f in mmcv's float32 fan, which
+    ``>=`` drops; the portable fan starts at mmcv's point, so it rounds alike."""
+    dets = torch.tensor(
+        [[4.0, 0.0, 6.0, 5.0, 1.7223012447357178], [4.0, 1.0, 3.0, 2.0, -2.37103009223938]]
+    )
+    scores = torch.tensor([0.9, 0.8])
+    expected = _nms(compiled, dets, scores, 0.2)
+    assert expected.tolist() == [0]
+    assert torch.equal(_nms(rotated, dets, scores, 0.2), expected)
