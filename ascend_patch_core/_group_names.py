@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 
@@ -11,6 +12,9 @@ if TYPE_CHECKING:
 __all__ = ["group_names", "snake_name"]
 
 
+# Cached: every apply() asks for each group's names several times (plan, conflicts,
+# unknown-name check); converting again each time cost ~0.5 ms of apply() for 43 groups.
+@functools.cache
 def snake_name(name: str) -> str:
     """``TensorIndex`` -> ``tensor_index``, ``DDP`` -> ``ddp``: the DrivingSDK patcher's 2.0 names."""
     out: list[str] = []

@@ -250,6 +250,26 @@ def test_disable_after_apply_by_snake_name(make_package: PackageFactory, patcher
     assert resnet.maxpool_forward(1) == ("orig", 1)
 
 
+def test_group_names_are_converted_once_per_name_not_per_apply(patcher: Patcher) -> None:
+    """apply() asks for each group's names several times; the snake-case conversion is
+    cached, so a second apply() of the same groups converts nothing again (hot path)."""
+    from ascend_patch_core._group_names import snake_name
+
+    class SomeLongGroupNameForCaching(Patch):
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            return []
+
+    patcher.add(SomeLongGroupNameForCaching).apply()
+    misses = snake_name.cache_info().misses
+    second = Patcher().add(SomeLongGroupNameForCaching).disable("some_long_group_name_for_caching")
+    try:
+        assert second.apply().get("SomeLongGroupNameForCaching", kind="group").reason == "disabled"
+    finally:
+        second.revert()
+    assert snake_name.cache_info().misses == misses
+
+
 # ------------------------------------------------------------------ item 1: per-patch use
 
 
