@@ -13,6 +13,7 @@ module registers itself with them when the package is imported.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,12 +37,18 @@ __all__ = [
 ]
 
 
+#: Two threads applying the same patch or group alone must share one Patcher: two would
+#: install it twice, and revert() would undo only the one it finds.
+_own_lock = threading.Lock()
+
+
 def apply_one(patch: AtomicPatch) -> Record:
     """Apply ``patch`` on a Patcher of its own (once); return its record."""
-    own: Patcher | None = getattr(patch, "_own_patcher", None)
-    if own is None:
-        own = Patcher().add(patch)
-        patch._own_patcher = own  # type: ignore[attr-defined]
+    with _own_lock:
+        own: Patcher | None = getattr(patch, "_own_patcher", None)
+        if own is None:
+            own = Patcher().add(patch)
+            patch._own_patcher = own  # type: ignore[attr-defined]
     return _record_of(own.apply(), patch)
 
 
@@ -64,10 +71,11 @@ def _record_of(records: Iterable[Record], patch: AtomicPatch) -> Record:
 
 def apply_group(group: type[Patch], options: Any) -> list[Record]:
     """``Patch.apply_all()``: the group's patches applied on a Patcher of its own."""
-    own: Patcher | None = group.__dict__.get("_own_patcher")
-    if own is None:
-        own = Patcher().add(group, options=options)
-        group._own_patcher = own  # type: ignore[attr-defined]
+    with _own_lock:
+        own: Patcher | None = group.__dict__.get("_own_patcher")
+        if own is None:
+            own = Patcher().add(group, options=options)
+            group._own_patcher = own  # type: ignore[attr-defined]
     report = own.apply()
     return [r for r in report.records if r.group == group.name or r.name == group.name]
 

@@ -295,6 +295,36 @@ def test_atomic_patch_apply_alone(make_package: PackageFactory) -> None:
     assert not patch.is_applied and resnet.maxpool_forward(1) == ("orig", 1)
 
 
+def test_atomic_patch_applied_alone_from_two_threads_is_installed_once(
+    make_package: PackageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads calling patch.apply() at once share one Patcher: revert() undoes it all."""
+    import threading
+    import time
+
+    from ascend_patch_core import _per_patch
+
+    resnet = _resnet(make_package)
+    made: list[Patcher] = []
+
+    class SlowPatcher(Patcher):  # widens the window between "none yet" and "made one"
+        def __init__(self) -> None:
+            time.sleep(0.05)
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(_per_patch, "Patcher", SlowPatcher)
+    patch = AtomicPatch(f"{resnet.__name__}.maxpool_forward", lambda x: ("npu", x))
+    threads = [threading.Thread(target=patch.apply) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and resnet.maxpool_forward(1) == ("npu", 1)
+    patch.revert()
+    assert resnet.maxpool_forward(1) == ("orig", 1)
+
+
 def test_patch_group_apply_all_and_iteration(make_package: PackageFactory) -> None:
     resnet = _resnet(make_package)
     maxpool, _ = _groups(resnet.__name__)
