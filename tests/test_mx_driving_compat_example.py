@@ -61,6 +61,10 @@ from bevdemo.registry import HEADS
 
 head = models.SparseHead()
 report = default_patcher.report
+on_npu = None
+if "ASCEND_PATCH_EMULATED_RUN" in __import__("os").environ:
+    import torch  # the training script's CUDA code, on the emulated NPU
+    on_npu = bool(getattr(torch.ones(2).cuda(), "is_npu", False))
 print(json.dumps({
     "aggregation": models.DeformableAggregationFunction([1, 2], [3, 4]),
     "head_int": list(head.forward(1)),
@@ -69,7 +73,11 @@ print(json.dumps({
     "injected": models.np_float is float,
     "flash_attn_is_stub": not models.flash_attn,
     "numpy_compat": [r.reason for r in report.records if r.name == "NumpyCompat"],
+    "numpy_compat_applied": any(
+        r.group == "NumpyCompat" and r.status.value == "applied" for r in report.records
+    ),
     "failed": [r.name for r in report.records if r.status.value == "failed"],
+    "cuda_on_npu": on_npu,
 }))
 """
 
@@ -81,9 +89,16 @@ def _example() -> str:
     return found.group(1)
 
 
-def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["python", "emulated"])
+def test_the_worked_example_runs_as_documented(tmp_path: Path, how: str) -> None:
+    """As written, with ``python train.py``; and, as CI runs it on no NPU, under
+    ``ascend-patch run --emulate-npu``, where the script's CUDA code reaches the
+    (emulated) NPU."""
     pytest.importorskip("ascend_patch_torch")
     pytest.importorskip("ascend_patch_training")
+    if how == "emulated":
+        pytest.importorskip("torch")
+        pytest.importorskip("ascend_patch_emulator")
     for name, body in _PROJECT.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,9 +108,18 @@ def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
     # Only the torch plugin (which has the predefined numpy_compat group): the other
     # plugins are tested on their own.
     env = {**os.environ, "ASCEND_PATCH_PLUGINS": "torch", "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    command = [sys.executable, "train.py"]
+    if how == "emulated":
+        env["ASCEND_PATCH_EMULATED_RUN"] = "1"
+        command = [
+            sys.executable,
+            "-m",
+            "ascend_patch_core._cli",
+            "run",
+            "--emulate-npu",
+            "train.py",
+        ]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {
@@ -105,6 +129,11 @@ def test_the_worked_example_runs_as_documented(tmp_path: Path) -> None:
         "registered": "NpuSparseHead",
         "injected": True,
         "flash_attn_is_stub": True,
-        "numpy_compat": ["disabled"],
+        # Under `ascend-patch run` the plugins' groups were applied before patch.py ran,
+        # and its disable() undid NumpyCompat at once (a group record exists only for
+        # a group held back before it was built); either way none of it is applied.
+        "numpy_compat": [] if how == "emulated" else ["disabled"],
+        "numpy_compat_applied": False,
         "failed": [],
+        "cuda_on_npu": True if how == "emulated" else None,
     }
