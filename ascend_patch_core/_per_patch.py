@@ -73,7 +73,8 @@ def apply_group(group: type[Patch], options: Any) -> list[Record]:
     """``Patch.apply_all()``: the group's patches applied on a Patcher of its own."""
     with _own_lock:
         own: Patcher | None = group.__dict__.get("_own_patcher")
-        if own is None:
+        # Not applied (never, or reverted): a new one, so these options reach patches().
+        if own is None or not own.is_applied:
             own = Patcher().add(group, options=options)
             group._own_patcher = own  # type: ignore[attr-defined]
     report = own.apply()

@@ -325,6 +325,32 @@ def test_atomic_patch_applied_alone_from_two_threads_is_installed_once(
     assert resnet.maxpool_forward(1) == ("orig", 1)
 
 
+def test_apply_all_again_after_revert_all_uses_the_new_options(
+    make_package: PackageFactory,
+) -> None:
+    """Patch.apply_all(options) and MyPatch(options).apply() pass each call's options to
+    patches(), also after an earlier apply_all() was reverted (not the first call's)."""
+    resnet = _resnet(make_package)
+    target = f"{resnet.__name__}.maxpool_forward"
+
+    class Tagged(Patch):
+        @classmethod
+        def patches(cls, options: Any = None) -> list[AtomicPatch]:
+            tag = (options or {}).get("tag", "default")
+            return [AtomicPatch(target, lambda x: (tag, x))]
+
+    Tagged.apply_all()
+    assert resnet.maxpool_forward(1) == ("default", 1)
+    Tagged.revert_all()
+    Tagged.apply_all({"tag": "second"})
+    assert resnet.maxpool_forward(1) == ("second", 1)
+    Tagged.revert_all()
+    assert Tagged({"tag": "instance"}).apply().status is Status.APPLIED
+    assert resnet.maxpool_forward(1) == ("instance", 1)
+    Tagged.revert_all()
+    assert resnet.maxpool_forward(1) == ("orig", 1)
+
+
 def test_patch_group_apply_all_and_iteration(make_package: PackageFactory) -> None:
     resnet = _resnet(make_package)
     maxpool, _ = _groups(resnet.__name__)
