@@ -124,9 +124,16 @@ class PatcherConfig:
         self.items.extend(added)
         return conflict
 
-    def listing(self) -> tuple[list[Declared], set[str]]:
-        """What ``print_info()`` plans before apply(): the declarations and disabled names."""
-        return self.items, self.disabled
+    def listing(self) -> tuple[list[Declared], set[str], frozenset[str]]:
+        """What ``print_info()`` plans before apply(), as apply() would: the plugins' and
+        the added declarations, the disabled and the enabled names."""
+        selection = self.selection()
+        declared: list[Declared] = []
+        if self.autoload or self.extra_plugins or self.plugin_allow:  # as in Patcher._apply
+            from ._sources import load_declarations
+
+            declared = load_declarations(selection, self.autoload, self.disabled).declared
+        return [*declared, *self.items], self.disabled, frozenset(self.enabled | selection.enable)
 
     def raise_conflicts(
         self,

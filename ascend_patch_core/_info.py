@@ -57,7 +57,12 @@ def info_line(patch: AtomicPatch, original: Any, replacement: Any, diff: bool) -
 
 
 def patcher_info(
-    applied: bool, ledger: Ledger, items: list[Any], disabled: Iterable[str], diff: bool
+    applied: bool,
+    ledger: Ledger,
+    items: list[Any],
+    disabled: Iterable[str],
+    enabled: frozenset[str],
+    diff: bool,
 ) -> str:
     """What ``Patcher.print_info()`` prints: each patch by module, with its state."""
     if applied:
@@ -65,7 +70,7 @@ def patcher_info(
             entries = list(ledger.entries)
     else:  # planned as apply() would, changing nothing
         entries = plan(
-            items, Ledger(), metadata, disabled=frozenset(disabled), dry_run=True
+            items, Ledger(), metadata, disabled=frozenset(disabled), enabled=enabled, dry_run=True
         ).entries
     by_module: dict[str, list[Entry]] = {}
     for entry in entries:

@@ -388,6 +388,34 @@ def test_print_info_before_and_after_apply(
     assert "-def maxpool_forward(x):" in after
 
 
+def test_print_info_before_apply_lists_the_plugins_patches_too(
+    make_package: PackageFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """default_patcher.print_info() before apply() lists what apply() would apply: the
+    plugins' groups as well as the added ones (it listed only the added ones)."""
+    from ascend_patch_core import hookimpl
+
+    resnet = _resnet(make_package)
+    maxpool, _ = _groups(resnet.__name__)
+
+    class Plugin:
+        @hookimpl
+        def register_patches(self) -> list[Any]:
+            return [maxpool]
+
+    patcher = Patcher(extra_plugins=[("test-plugin", Plugin())])
+    text = patcher.print_info()
+    capsys.readouterr()
+    assert text.startswith("Patcher Info (1 modules, 1 patches)")
+    assert f"[pending] {resnet.__name__}.maxpool_forward: <missing> ->" in text
+    assert resnet.maxpool_forward(1) == ("orig", 1), "print_info() applied nothing"
+    try:
+        patcher.apply()
+        assert patcher.print_info().startswith("Patcher Info (1 modules, 1 patches)")
+    finally:
+        patcher.revert()
+
+
 # ------------------------------------------------------------------ item 7: apply_before_collect
 
 
