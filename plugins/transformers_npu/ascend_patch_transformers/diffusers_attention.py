@@ -13,8 +13,8 @@ used: it is opt-in per model, takes the fused op only in fp16/bf16, and skips
 
 Runtime check (per call; else the original runs): NPU hidden states, no mask or a
 boolean one (an additive float mask may carry any bias, which the op cannot take),
-heads <= 256 and head_dim <= 512 (the op's limits as torch_npu's own SDPA kernel
-uses them), and no ``scale`` argument (deprecated; the original warns about it).
+float16/bfloat16/float32 hidden states, heads <= 256 and head_dim <= 512 (the op's
+limits as torch_npu's own SDPA kernel uses them), and no ``scale`` argument (deprecated; the original warns about it).
 
 Importing this module imports neither torch nor diffusers.
 """
@@ -33,6 +33,7 @@ __all__ = ["attention_processor_patches", "fused_attention", "fused_call", "fuse
 TARGET = "diffusers.models.attention_processor.AttnProcessor2_0.__call__"
 _MAX_HEADS = 256
 _MAX_HEAD_DIM = 512
+_OP_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 
 
 def fused_attention(query: Any, key: Any, value: Any, heads: int, sdpa_mask: Any) -> Any:
@@ -66,6 +67,9 @@ def fused_call_check(
     **kwargs: Any,
 ) -> bool:
     if args or kwargs.get("scale") is not None or not getattr(hidden_states, "is_npu", False):
+        return False
+    # The op takes float16, bfloat16 and float32 only: a float64 model runs the original.
+    if str(hidden_states.dtype) not in _OP_DTYPES:
         return False
     if attention_mask is not None and attention_mask.dtype.is_floating_point:
         return False

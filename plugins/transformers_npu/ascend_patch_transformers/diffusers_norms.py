@@ -11,7 +11,8 @@
 
 Both follow diffusers' dtype rules: RMSNorm casts the input to a half-precision weight's
 dtype; MochiRMSNorm returns the input dtype. Runtime check: NPU input, and for the op a
-weight of the input's dtype after that rule (else the original runs).
+weight of the input's dtype after that rule, float16/bfloat16/float32, 2 to 8 dims (else
+the original runs: a float64 norm keeps its precision).
 
 Importing this module imports neither torch nor diffusers.
 """
@@ -28,6 +29,13 @@ __all__ = ["mochi_rms_norm_forward", "norm_patches", "rms_norm_forward"]
 
 _MODULE = "diffusers.models.normalization"
 _HALF = ("torch.float16", "torch.bfloat16")
+# What npu_rms_norm takes: float16, bfloat16, float32 inputs of 2 to 8 dims (a float64
+# input would lose precision in the float32 kernel on the emulator and fail on an NPU).
+_OP_DTYPES = (*_HALF, "torch.float32")
+
+
+def _op_input(hidden_states: Any, dtype: Any) -> bool:
+    return str(dtype) in _OP_DTYPES and 2 <= hidden_states.dim() <= 8
 
 
 def _rms(hidden_states: Any, eps: float) -> Any:
@@ -56,7 +64,10 @@ def _rms_norm_check(self: Any, hidden_states: Any) -> bool:
     if not getattr(hidden_states, "is_npu", False):
         return False
     weight = self.weight
-    return weight is None or str(weight.dtype) in _HALF or weight.dtype == hidden_states.dtype
+    if weight is None:
+        return True  # diffusers' own formula, no op
+    dtype = weight.dtype if str(weight.dtype) in _HALF else hidden_states.dtype
+    return weight.dtype == dtype and _op_input(hidden_states, dtype)
 
 
 def mochi_rms_norm_forward(self: Any, hidden_states: Any) -> Any:
@@ -69,7 +80,11 @@ def mochi_rms_norm_forward(self: Any, hidden_states: Any) -> Any:
 
 
 def _mochi_check(self: Any, hidden_states: Any) -> bool:
-    return bool(getattr(hidden_states, "is_npu", False) and self.weight is not None)
+    return bool(
+        getattr(hidden_states, "is_npu", False)
+        and self.weight is not None
+        and _op_input(hidden_states, hidden_states.dtype)
+    )
 
 
 def norm_patches(options: Any = None) -> Iterator[AtomicPatch]:

@@ -154,3 +154,22 @@ def test_mochi_rms_norm(npu_emulator, isolated_patcher) -> None:
     assert got.dtype is torch.bfloat16
     torch.testing.assert_close(got, expected, atol=1e-2, rtol=1e-2)
     assert _counters(isolated_patcher, MOCHI) == (1, 0)
+
+
+def test_float64_runs_the_originals(npu_emulator, isolated_patcher) -> None:
+    """npu_fusion_attention and npu_rms_norm take float16/bfloat16/float32 only: a float64
+    model keeps its own computation (and precision), counted as fallbacks."""
+    torch.manual_seed(0)
+    attn = Attention(16, heads=2, dim_head=8, processor=AttnProcessor2_0()).double()
+    norm = RMSNorm(16, eps=1e-6).double()
+    mochi = MochiRMSNorm(16, eps=1e-6).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64, device="npu")
+    expected = [attn(x), norm(x), mochi(x)]
+    isolated_patcher.add(DiffusersAttention, DiffusersRMSNorm).apply()
+    got = [attn(x), norm(x), mochi(x)]
+    for have, want in zip(got, expected, strict=True):
+        assert have.dtype == torch.float64
+        torch.testing.assert_close(have, want, atol=0, rtol=0)
+    assert _counters(isolated_patcher, ATTENTION) == (0, 1)
+    assert _counters(isolated_patcher, RMS) == (0, 1)
+    assert _counters(isolated_patcher, MOCHI) == (0, 1)
