@@ -220,3 +220,24 @@ def test_a_skipped_parent_is_left_to_its_rule(patcher: Patcher) -> None:
     patcher.replace_import(f"{top}.ops", F=1)
     assert importlib.import_module(f"{top}.ops").F == 1
     assert not sys.modules[top], "the parent is the skip rule's stub"
+
+
+def test_two_rules_share_a_synthesised_parent_until_both_are_reverted():
+    """``nopkg_shared.a`` is needed by both rules: reverting the first keeps it served for
+    the second; reverting the second takes it (and ``nopkg_shared``) away."""
+    first = Patcher().replace_import("nopkg_shared.a.x", X=1)
+    second = Patcher().replace_import("nopkg_shared.a.y", Y=2)
+    first.apply()
+    second.apply()
+    try:
+        assert importlib.import_module("nopkg_shared.a.x").X == 1
+        first.revert()
+        assert "nopkg_shared.a.x" not in sys.modules
+        assert importlib.import_module("nopkg_shared.a.y").Y == 2
+        assert sys.modules["nopkg_shared.a"].y.Y == 2
+    finally:
+        first.revert()
+        second.revert()
+    assert not [m for m in sys.modules if m.startswith("nopkg_shared")]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("nopkg_shared.a.y")
