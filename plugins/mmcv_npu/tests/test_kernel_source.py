@@ -7,7 +7,6 @@ import types
 
 import pytest
 from ascend_patch_mmcv import kernel_source
-from mmcv_stacks import required
 
 from ascend_patch_core import PatchDefinitionError
 
@@ -18,10 +17,6 @@ def fresh_choices(monkeypatch):
     kernel_source.forget_choices()
     yield
     kernel_source.forget_choices()
-
-
-def test_the_helper_module_is_importable():
-    assert required("no-such-stack") is False
 
 
 def test_portable_when_neither_library_is_importable(monkeypatch):

@@ -40,94 +40,40 @@ def _pairs(
     _subM: Any,
     _transpose: Any,
 ) -> list[Any]:
+    """``get_indice_pairs_{2,3,4}d_forward`` (the kernel takes any number of dimensions)."""
+    sizes = (outSpatialShape, spatialShape, kernelSize, stride, padding, dilation, outPadding)
     outids, pairs, counts = _kernels().indice_pairs(
-        indices,
-        int(batchSize),
-        list(outSpatialShape),
-        list(spatialShape),
-        list(kernelSize),
-        list(stride),
-        list(padding),
-        list(dilation),
-        list(outPadding),
-        int(_subM),
-        int(_transpose),
+        indices, int(batchSize), *(list(v) for v in sizes), int(_subM), int(_transpose)
     )
     return [outids, pairs, counts]
 
 
-def _forward(ndim: int) -> None:
-    def get_indice_pairs_forward(
-        indices: Any,
-        batchSize: Any,
-        outSpatialShape: Any,
-        spatialShape: Any,
-        kernelSize: Any,
-        stride: Any,
-        padding: Any,
-        dilation: Any,
-        outPadding: Any,
-        _subM: Any,
-        _transpose: Any,
-    ) -> list[Any]:
-        return _pairs(
-            indices,
-            batchSize,
-            outSpatialShape,
-            spatialShape,
-            kernelSize,
-            stride,
-            padding,
-            dilation,
-            outPadding,
-            _subM,
-            _transpose,
-        )
-
-    name = f"get_indice_pairs_{ndim}d_forward"
-    get_indice_pairs_forward.__name__ = get_indice_pairs_forward.__qualname__ = name
-    implements(name)(get_indice_pairs_forward)
-
-
-def _backward(ndim: int) -> None:
-    def get_indice_pairs_backward(
-        indices: Any,
-        gridOut: Any,
-        batchSize: Any,
-        outSpatialShape: Any,
-        spatialShape: Any,
-        kernelSize: Any,
-        stride: Any,
-        padding: Any,
-        dilation: Any,
-        outPadding: Any,
-        _subM: Any,
-        _transpose: Any,
-    ) -> list[Any]:
-        # mmcv's grid is the CUDA kernel's scratch table; the portable kernel keeps none.
-        return _pairs(
-            indices,
-            batchSize,
-            outSpatialShape,
-            spatialShape,
-            kernelSize,
-            stride,
-            padding,
-            dilation,
-            outPadding,
-            _subM,
-            _transpose,
-        )
-
-    name = f"get_indice_pairs_{ndim}d_backward"
-    get_indice_pairs_backward.__name__ = get_indice_pairs_backward.__qualname__ = name
-    implements(name)(get_indice_pairs_backward)
+def _pairs_with_grid(
+    indices: Any,
+    gridOut: Any,
+    batchSize: Any,
+    outSpatialShape: Any,
+    spatialShape: Any,
+    kernelSize: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    outPadding: Any,
+    _subM: Any,
+    _transpose: Any,
+) -> list[Any]:
+    """``get_indice_pairs_{2,3}d_backward``: the same, given mmcv's ``grid`` scratch table,
+    which only the CUDA kernel uses."""
+    return _pairs(
+        indices, batchSize, outSpatialShape, spatialShape, kernelSize, stride, padding,
+        dilation, outPadding, _subM, _transpose,
+    )  # fmt: skip
 
 
 for _ndim in (2, 3, 4):
-    _forward(_ndim)
+    implements(f"get_indice_pairs_{_ndim}d_forward")(_pairs)
 for _ndim in (2, 3):
-    _backward(_ndim)
+    implements(f"get_indice_pairs_{_ndim}d_backward")(_pairs_with_grid)
 
 
 @implements("indice_conv_forward")
