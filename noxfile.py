@@ -445,16 +445,23 @@ def openmmlab1_emulated(session: nox.Session) -> None:
     )
 
 
+#: What the transformers sessions promise. trl is installed without its dependencies
+#: (datasets, pandas, pyarrow: ~150 MB): the tests read its sources for the two
+#: transfer_to_npu items that name it and never import it.
+HF_REQUIRED = "transformers,diffusers,accelerate,peft,trl"
+
+
 @nox.session(python=STACK_PYTHON, tags=["ci"])
 def transformers_newest(session: nox.Session) -> None:
     """The transformers plugin against the newest transformers (5.x), accelerate and diffusers."""
     install_project(session)
     session.install("-r", "requirements/transformers-newest.txt")
+    session.install("--no-deps", "trl==1.16.0")  # read, not imported: see HF_REQUIRED
     session.run(
         "pytest",
         "plugins/transformers_npu",
         *session.posargs,
-        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "transformers,diffusers,accelerate"},
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": HF_REQUIRED},
     )
 
 
@@ -468,7 +475,8 @@ def transformers_older(session: nox.Session) -> None:
     """
     install_project(session)
     session.install("-r", "requirements/transformers-older.txt")
-    required = {"ASCEND_PATCH_TEST_REQUIRE": "transformers,diffusers,accelerate"}
+    session.install("--no-deps", "trl==0.24.0")  # the last 0.x, for transformers 4.5x
+    required = {"ASCEND_PATCH_TEST_REQUIRE": HF_REQUIRED}
     session.run(
         "pytest", "plugins/transformers_npu", *session.posargs, env={**TEST_ENV, **required}
     )

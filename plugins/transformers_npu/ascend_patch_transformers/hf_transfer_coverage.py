@@ -105,11 +105,13 @@ ITEMS: tuple[Item, ...] = (
     # ---------------------------------------------------------------- trl
     Item("trl.import_utils.is_bitsandbytes_available",
          "gates bitsandbytes in trl",
-         "absent", "not in trl 1.x (trl uses transformers' check, above)",
-         test="test_trl_items_are_gone"),
+         "absent", "not in trl 0.24 (the last 0.x, for transformers 4.5x) nor 1.x: trl uses "
+         "transformers' check, above", test="test_trl_items"),
     Item("trl.trainer.utils.get_kbit_device_map",
          "device map for k-bit models ({'': cuda index})",
-         "absent", "not in trl 1.x", test="test_trl_items_are_gone"),
+         "cuda-only", "absent from trl 1.x; in trl 0.x its only callers (the sft/dpo scripts) "
+         "ask for it next to a bitsandbytes quantization config, whose kernels are CUDA's",
+         test="test_trl_items"),
     # ---------------------------------------------------------------- peft
     Item("peft.utils.other.infer_device",
          "peft's default device name",

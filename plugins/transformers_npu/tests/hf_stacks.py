@@ -2,7 +2,7 @@
 
 Each nox session installs one stack and names it in ``ASCEND_PATCH_TEST_REQUIRE``
 (comma-separated): there a missing stack fails instead of skipping. Names:
-``transformers``, ``diffusers``, ``accelerate``.
+``transformers``, ``diffusers``, ``accelerate``, ``peft``, ``trl``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from ascend_patch_transformers import hf_transfer_coverage
 from hf_stacks import require_module
+from hf_stacks import required
 
 
 transformers = require_module("transformers")
@@ -40,9 +41,10 @@ def _clear_caches() -> None:
 
 @pytest.fixture(scope="module")
 def npu_stack() -> Iterator[Any]:
-    """The emulator, the torch plugin's groups and this plugin's runtime groups, applied."""
+    """The emulator, the torch plugin's groups and this plugin's runtime and attention groups."""
     import ascend_patch_emulator
     from ascend_patch_torch import plugin as torch_plugin
+    from ascend_patch_transformers import groups_attention
     from ascend_patch_transformers import groups_runtime
 
     from ascend_patch_core import Patcher
@@ -50,8 +52,12 @@ def npu_stack() -> Iterator[Any]:
     was_active = ascend_patch_emulator.is_active()
     handle = ascend_patch_emulator.activate()
     patcher = Patcher(autoload=False)
-    for group in (*torch_plugin.register_patches(), *groups_runtime.GROUPS):
+    # The attention groups too: on 4.51/4.52 with an NPU, importing transformers.modeling_utils
+    # (peft does) needs einops unless the attention import rules serve it, as apply() does for users.
+    groups = (*torch_plugin.register_patches(), *groups_runtime.GROUPS, *groups_attention.GROUPS)
+    for group in groups:
         patcher.add(group)
+    patcher.add(*groups_attention.import_rules())
     patcher.apply()
     _clear_caches()
     try:
@@ -139,24 +145,50 @@ def test_memory_tracker_measures_the_npu(npu_stack: Any) -> None:
 
 
 def test_peft_infer_device(npu_stack: Any) -> None:
-    peft = pytest.importorskip("peft")
+    peft = require_module("peft")
     device = peft.utils.other.infer_device()
     assert device == "cuda" and torch.zeros(1).to(device).is_npu  # the torch plugin's redirect
 
 
-def test_trl_items_are_gone() -> None:
-    """trl's two items are not in trl 1.x (read from its sources: importing them needs pandas)."""
+def test_trl_items() -> None:
+    """trl's two items, read from its sources (importing trl needs datasets and pandas).
+
+    trl 1.x has neither; trl 0.x (0.24 pairs with transformers 4.5x) has only
+    ``get_kbit_device_map``, and every caller asks for it only with a quantization config.
+    """
     import importlib.util
+    import re
 
     if importlib.util.find_spec("trl") is None:
+        assert not required("trl"), "this session promises trl"
         pytest.skip("trl is not installed")
-    for module, name in (
-        ("trl.import_utils", "is_bitsandbytes_available"),
-        ("trl.trainer.utils", "get_kbit_device_map"),
-    ):
+    from importlib.metadata import version
+
+    def source_origin(module: str) -> str:
         spec = importlib.util.find_spec(module)
-        assert spec is not None and spec.origin is not None
-        assert f"def {name}(" not in Path(spec.origin).read_text(encoding="utf-8"), module
+        assert spec is not None and spec.origin is not None, module
+        return spec.origin
+
+    def source(module: str) -> str:
+        return Path(source_origin(module)).read_text(encoding="utf-8")
+
+    assert "def is_bitsandbytes_available(" not in source("trl.import_utils")
+    has_kbit_map = "def get_kbit_device_map(" in source("trl.trainer.utils")
+    assert has_kbit_map == (int(version("trl").split(".")[0]) == 0)
+    if has_kbit_map:
+        package = Path(source_origin("trl")).parent
+        call_site = re.compile(r"(?<!def )get_kbit_device_map\(\)")
+        callers = [
+            path
+            for path in package.rglob("*.py")
+            if call_site.search(path.read_text(encoding="utf-8"))
+        ]
+        assert callers, "trl 0.x calls get_kbit_device_map somewhere"
+        for path in callers:
+            text = path.read_text(encoding="utf-8")
+            for call in call_site.finditer(text):
+                before = text[: call.start()].splitlines()[-3:]
+                assert any("quantization_config" in line for line in before), (path, before)
 
 
 def test_cuda_only_stacks_are_not_there(npu_stack: Any) -> None:
