@@ -32,6 +32,8 @@ import sys
 import weakref
 from typing import Any
 
+from .causal_mask import compressed_causal_mask
+
 
 __all__ = [
     "IMPLEMENTATION",
@@ -45,12 +47,9 @@ IMPLEMENTATION = "npu"
 
 _MAX_HEADS = 256
 _MAX_HEAD_DIM = 768
-_COMPRESSED = 2048
 _TOP_LEFT_CAUSAL = 2
 # Keyword arguments some models pass that the op has no slot for.
 _UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks")
-
-_causal_masks: dict[Any, Any] = {}
 
 
 def _on_npu(*tensors: Any) -> bool:
@@ -166,16 +165,6 @@ def _causal(module: Any, is_causal: bool | None, query: Any) -> bool:
     return bool(causal) and query.shape[2] > 1
 
 
-def _compressed_causal_mask(device: Any) -> Any:
-    import torch
-
-    mask = _causal_masks.get(device)
-    if mask is None:
-        mask = torch.triu(torch.ones(_COMPRESSED, _COMPRESSED, dtype=torch.bool, device=device), 1)
-        _causal_masks[device] = mask
-    return mask
-
-
 def fusion_attention_forward(
     module: Any,
     query: Any,
@@ -194,7 +183,7 @@ def fusion_attention_forward(
     sparse_mode = 0
     if attention_mask is None:
         if _causal(module, is_causal, query):
-            atten_mask = _compressed_causal_mask(query.device)
+            atten_mask = compressed_causal_mask(query.device)
             sparse_mode = _TOP_LEFT_CAUSAL
     else:
         atten_mask = _op_mask(attention_mask)[..., : key.shape[2]]

@@ -38,6 +38,8 @@ import sys
 import types
 from typing import Any
 
+from .causal_mask import compressed_causal_mask
+
 
 __all__ = [
     "MODULES",
@@ -61,10 +63,8 @@ __all__ = [
 VERSION = "2.8.3"
 
 _INT_MAX = 2147483647
-_COMPRESSED = 2048
 _RIGHT_DOWN_CAUSAL = 3
 _BAND = 4
-_causal_masks: dict[Any, Any] = {}
 
 
 # --------------------------------------------------------------------------- bert_padding
@@ -183,15 +183,11 @@ def _fused(q: Any, k: Any, v: Any, softcap: float, alibi_slopes: Any) -> bool:
 
 def _band(causal: bool, window: tuple[int, int], device: Any) -> dict[str, Any]:
     """The op's mask arguments for flash-attn's ``causal`` and ``window_size``."""
-    import torch
 
     left, right = window
     if left < 0 and right < 0 and not causal:
         return {}
-    mask = _causal_masks.get(device)
-    if mask is None:
-        mask = torch.triu(torch.ones(_COMPRESSED, _COMPRESSED, dtype=torch.bool, device=device), 1)
-        _causal_masks[device] = mask
+    mask = compressed_causal_mask(device)
     if left < 0 and (right < 0 or causal):
         return {"atten_mask": mask, "sparse_mode": _RIGHT_DOWN_CAUSAL if causal else 0}
     if causal:
