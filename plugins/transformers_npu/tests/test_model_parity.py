@@ -57,13 +57,16 @@ _EXTRA = {
 
 def _swiglu_applies(arch):
     # Gemma's MLP is a GeGLU (tanh GELU): it runs the original. Qwen3-MoE's experts are
-    # Qwen3MoeMLP modules in 4.x and one fused-weights loop (Qwen3MoeExperts) in 5.x,
-    # which the SwiGLU group does not serve.
-    if arch == "gemma":
-        return False
-    if arch == "qwen3_moe":
-        return transformers_version() < (5,)
-    return True
+    # Qwen3MoeMLP modules in 4.x (their forward is served) and one stacked-weights module
+    # in 5.x (Qwen3MoeExperts; its grouped_mm path's _apply_gate is served).
+    return arch != "gemma"
+
+
+def _swiglu_target(arch):
+    """The SwiGLU target a model's MLPs go through (checked by name in the parity test)."""
+    if arch == "qwen3_moe" and transformers_version() >= (5,):
+        return "Qwen3MoeExperts._apply_gate"
+    return None
 
 
 def _build(arch, attn):
@@ -104,6 +107,15 @@ def _family_calls(report, arch):
     return calls
 
 
+def _counters(report, arch, target):
+    (record,) = [
+        r
+        for r in report.records
+        if r.name == f"transformers.models.{arch}.modeling_{arch}:{target}"
+    ]
+    return record.counters
+
+
 _CASES = [
     pytest.param(arch, attn, marks=() if arch == "qwen3" else pytest.mark.slow)
     for arch in ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma")
@@ -141,6 +153,10 @@ def test_tiny_model_parity(npu_emulator, isolated_patcher, arch, attn):
         assert calls["swiglu"][0] > 0 and calls["swiglu"][1] == 0
     else:
         assert calls.get("swiglu", (0, 0))[0] == 0
+    target = _swiglu_target(arch)
+    if target is not None:
+        counters = _counters(isolated_patcher.report, arch, target)
+        assert counters.replacement_calls > 0 and counters.fallback_calls == 0
 
 
 _SCRIPT = shutil.which("ascend-patch", path=str(Path(sys.executable).parent))
