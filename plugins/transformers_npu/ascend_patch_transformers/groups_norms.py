@@ -55,9 +55,10 @@ class TransformersRMSNorm(Patch):
 
 
 class TransformersRotary(Patch):
-    """The standard ``apply_rotary_pos_emb`` of each modeling module -> ``npu_rotary_mul``.
+    """The standard ``apply_rotary_pos_emb`` and the vision towers' rotary -> ``npu_rotary_mul``.
 
-    See :mod:`ascend_patch_transformers.rotary`.
+    See :mod:`ascend_patch_transformers.rotary` and
+    :mod:`ascend_patch_transformers.vision_rotary`.
     """
 
     opt_in = True
@@ -66,9 +67,15 @@ class TransformersRotary(Patch):
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
         from .rotary import rotary_hook
+        from .vision_rotary import vision_rotary_hook
 
         yield ModuleHook(
             MODELING_MODULES, rotary_hook, name="apply_rotary_pos_emb -> npu_rotary_mul"
+        )
+        yield ModuleHook(
+            MODELING_MODULES,
+            vision_rotary_hook,
+            name="apply_rotary_pos_emb_vision -> npu_rotary_mul",
         )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 __all__ = [
     "MAX_STATEMENTS",
     "MODELING_MODULES",
+    "ROTATE_HALF",
     "Definitions",
     "defined_class",
     "module_definitions",
@@ -125,9 +126,22 @@ class Definitions:
 
 _parsed: dict[tuple[str, str | None], Definitions] = {}
 
-#: The canonical forms have at most this many statements; a longer function (an
-#: attention or a model forward) gets no shape and matches nothing, which saves work.
-MAX_STATEMENTS = 8
+#: The shape of transformers' standard ``rotate_half`` (``cat(-x2, x1)`` of the two
+#: halves of the last dim): the rotary families are served only where the module's own
+#: ``rotate_half`` is this one, which is ``npu_rotary_mul``'s ``half`` mode.
+ROTATE_HALF = shape_of_source(
+    """
+    def rotate_half(x):
+        x1 = x[..., : x.shape[-1] // 2]
+        x2 = x[..., x.shape[-1] // 2 :]
+        return torch.cat((-x2, x1), dim=-1)
+    """
+)
+
+#: The canonical forms have at most this many statements (the vision rotary has 9); a
+#: longer function (an attention or a model forward) gets no shape and matches nothing,
+#: which saves work.
+MAX_STATEMENTS = 9
 
 
 def _short_shape(func: ast.FunctionDef) -> str:
