@@ -128,6 +128,23 @@ def _routing(tokens=7, experts=4, top_k=2):
     return torch.randn(tokens, 32), index, weights
 
 
+def _bf16_close(actual, expected, msg=""):
+    """bfloat16 through a whole experts module: the op rounds ``silu(gate) * up`` once, the
+    original rounds ``silu(gate)`` first, and the projections around it carry that last-bit
+    difference into every output and gradient. Measured over 40 draws (Qwen3-MoE and
+    Mixtral experts, grouped_mm and batched_mm, 10 seeds, 8 experts, 16 tokens): the
+    difference's norm <= 0.0060 of the expected norm, its largest element <= 0.0096 of
+    the expected largest. Allowed: two bfloat16 epsilons (2 * 2**-7) in norm, four of the
+    largest element elementwise -- a wrong gate (halves swapped, another activation) is off
+    by about 1 in norm.
+    """
+    eps = torch.finfo(torch.bfloat16).eps
+    actual, expected = actual.float(), expected.float()
+    difference = actual - expected
+    assert difference.norm() <= 2 * eps * expected.norm(), msg
+    assert difference.abs().max() <= 4 * eps * expected.abs().max(), msg
+
+
 @_NEW
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -151,11 +168,11 @@ def test_fused_experts_match_the_original(
     expected = step()
     isolated_patcher.add(TransformersSwiGLU).apply()
     actual = step()
-    rtol, atol = (1e-5, 1e-5) if dtype == torch.float32 else (1.6e-2, 1e-2)
-    torch.testing.assert_close(actual[0], expected[0], rtol=rtol, atol=atol)
-    torch.testing.assert_close(actual[1], expected[1], rtol=rtol, atol=atol)
+    close = _bf16_close if dtype == torch.bfloat16 else torch.testing.assert_close
+    close(actual[0], expected[0])
+    close(actual[1], expected[1])
     for name, grad in actual[2].items():  # the stacked gate_up_proj and down_proj
-        torch.testing.assert_close(grad, expected[2][name], rtol=rtol, atol=atol, msg=name)
+        close(grad, expected[2][name], msg=name)
     counters = _counters(isolated_patcher, f"{module.__name__}:{cls_name}._apply_gate")
     assert (counters.replacement_calls, counters.fallback_calls) == (1, 0)
 
