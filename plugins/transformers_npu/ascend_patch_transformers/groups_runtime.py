@@ -14,8 +14,17 @@ from ascend_patch_core import AtomicPatch
 from ascend_patch_core import ModuleHook
 from ascend_patch_core import Patch
 
+from .groups_norms import MODELING_MODULES
 
-__all__ = ["GROUPS", "AccelerateNpu", "DiffusersAttention", "DiffusersRMSNorm", "VisionPatchify"]
+
+__all__ = [
+    "GROUPS",
+    "AccelerateNpu",
+    "DiffusersAttention",
+    "DiffusersRMSNorm",
+    "PlaceholderMaskCount",
+    "VisionPatchify",
+]
 
 #: The diffusers releases the diffusers groups are tested with: 0.35.1 to 0.42.1.
 DIFFUSERS = "diffusers>=0.35,<0.43"
@@ -63,6 +72,29 @@ class DiffusersRMSNorm(Patch):
         return norm_patches(options)
 
 
+class PlaceholderMaskCount(Patch):
+    """Multimodal ``get_placeholder_mask``: count the placeholder mask, not a gather of the embeddings.
+
+    Where the method's source checks the token count with ``inputs_embeds[mask].numel()``
+    (4.57's vision-language models, some 5.x audio models) it runs its own code with that
+    expression counted instead: the same masks, values and errors, without copying the
+    selected embeddings. Default: the results are identical. See
+    :mod:`ascend_patch_transformers.placeholder_mask`.
+    """
+
+    requires = ("transformers>=4.51,<6", "torch-npu")
+
+    @classmethod
+    def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
+        from .placeholder_mask import placeholder_mask_hook
+
+        yield ModuleHook(
+            MODELING_MODULES,
+            placeholder_mask_hook,
+            name="get_placeholder_mask: count the mask, no gather",
+        )
+
+
 class VisionPatchify(Patch):
     """Vision processors' patchify permutes of 9-10 dims -> passes of at most 8 (same values).
 
@@ -86,5 +118,6 @@ GROUPS: tuple[type[Patch], ...] = (
     AccelerateNpu,
     DiffusersAttention,
     DiffusersRMSNorm,
+    PlaceholderMaskCount,
     VisionPatchify,
 )
