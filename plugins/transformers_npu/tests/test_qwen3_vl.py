@@ -1,0 +1,199 @@
+"""A tiny random-weight Qwen3-VL (text and vision) with the NPU paths: same logits, loss, gradients, tokens.
+
+The reference's Qwen3-VL items: the text RMSNorm (``Qwen3VLTextRMSNorm``, the standard
+formula: TransformersRMSNorm), the vision rotary (``apply_rotary_pos_emb_vision``:
+TransformersRotary, with the text ``apply_rotary_pos_emb``) and
+``Qwen3VLModel.get_placeholder_mask`` (PlaceholderMaskCount; in 5.x it counts already
+and its record says so). The model is built from a config (no download): the text
+model of the other parity tests (vocab 128, hidden 64, 2 layers, 4 heads, 2 key/value
+heads, head dim 16) and a 2-block vision tower (hidden 32, 2 heads, patch 4, spatial
+merge 2, temporal patch 2). One 16x16 image (a 4x4 patch grid, ``image_grid_thw``
+``[1, 4, 4]``) becomes 16 patch rows of 3*2*4*4 values and 16 / 2**2 = 4 merged
+features, so the prompt holds 4 image tokens between vision start and end tokens.
+
+Run unpatched first (under the emulator every CPU tensor is an NPU tensor), then with
+the groups applied. Tolerances as the text models' (float32): logits and loss rtol 1e-5 /
+atol 1e-5, parameter gradients rtol 1e-4 / atol 1e-5; greedy tokens exactly.
+Qwen3-VL does not exist in transformers 4.51: the module is skipped there.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from hf_stacks import require_module
+from hf_stacks import transformers_version
+
+
+require_module("transformers")
+pytest.importorskip(
+    "transformers.models.qwen3_vl.modeling_qwen3_vl", reason="Qwen3-VL is absent (4.51)"
+)
+
+import torch  # noqa: E402
+from ascend_patch_transformers.groups_norms import GROUPS as NORM_GROUPS  # noqa: E402
+from ascend_patch_transformers.groups_runtime import PlaceholderMaskCount  # noqa: E402
+from test_model_parity import _TINY  # noqa: E402
+from transformers import Qwen3VLConfig  # noqa: E402
+from transformers import Qwen3VLForConditionalGeneration  # noqa: E402
+
+
+MODULE = "transformers.models.qwen3_vl.modeling_qwen3_vl"
+IMAGE, VIDEO, VISION_START, VISION_END = 120, 121, 122, 123
+GRID = ((1, 4, 4),)  # one image: 1 frame of 4 x 4 patches
+PATCH_VALUES = 3 * 2 * 4 * 4  # channels x temporal patch x patch x patch
+IMAGE_TOKENS = 4  # 16 patches merged 2 x 2
+
+
+def _config():
+    rope = {"rope_type": "default", "mrope_section": [4, 2, 2]}  # sums to head_dim / 2
+    text = {**_TINY, "head_dim": 16, "max_position_embeddings": 256}
+    if transformers_version() >= (5,):
+        text["rope_parameters"] = {**rope, "rope_theta": 10000.0}
+    else:
+        text["rope_scaling"] = rope
+        text["rope_theta"] = 10000.0
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": _TINY["hidden_size"],
+        "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [0],
+    }
+    return Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+    )
+
+
+def _build(attn):
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration._from_config(_config(), attn_implementation=attn)
+    model = model.float()
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _inputs(model, text_only=False):
+    torch.manual_seed(1)
+    image = [VISION_START, *[IMAGE] * IMAGE_TOKENS, VISION_END]
+    ids = torch.tensor([[1, 2, *([] if text_only else image), 5, 6, 7, 9]])
+    if text_only:
+        return {"input_ids": ids}
+    inputs = {
+        "input_ids": ids,
+        "pixel_values": torch.randn(16, PATCH_VALUES),
+        "image_grid_thw": torch.tensor(GRID),
+    }
+    if "mm_token_type_ids" in inspect.signature(model.model.forward).parameters:
+        # 5.x: the processor's per-token modality (1 image, 2 video) for the 3-D rope.
+        inputs["mm_token_type_ids"] = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
+    return inputs
+
+
+def _step(model, inputs):
+    model.zero_grad()
+    out = model(**inputs, labels=inputs["input_ids"])
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+def _generate(model, inputs):
+    return model.generate(**inputs, max_new_tokens=4, do_sample=False)
+
+
+def _record(report, target):
+    (record,) = [r for r in report.records if r.name == f"{MODULE}:{target}"]
+    return record
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_tiny_qwen3_vl_parity(npu_emulator, isolated_patcher, attn):
+    model = _build(attn)
+    inputs = _inputs(model)
+    text_inputs = _inputs(model, text_only=True)
+    expected = _step(model, inputs)
+    expected_tokens = _generate(model, inputs)
+    expected_text_tokens = _generate(model, text_inputs)
+
+    for group in (*NORM_GROUPS, PlaceholderMaskCount):
+        isolated_patcher.add(group)
+    isolated_patcher.apply()
+    logits, loss, grads = _step(model, inputs)
+    tokens = _generate(model, inputs)
+    text_tokens = _generate(model, text_inputs)
+
+    torch.testing.assert_close(logits, expected[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, expected[1], rtol=1e-5, atol=1e-5)
+    assert grads.keys() == expected[2].keys()
+    assert any(name.startswith("model.visual.") for name in grads)  # the tower learns too
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[2][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert torch.equal(tokens, expected_tokens)
+    assert torch.equal(text_tokens, expected_text_tokens)
+
+    report = isolated_patcher.report
+    for target in (
+        "apply_rotary_pos_emb_vision",  # the vision tower: one per block
+        "apply_rotary_pos_emb",  # the text model: one per layer
+        "Qwen3VLTextRMSNorm.forward",
+        "Qwen3VLTextMLP.forward",
+    ):
+        counters = _record(report, target).counters
+        assert counters.replacement_calls > 0 and counters.fallback_calls == 0, target
+    mask = _record(report, "Qwen3VLModel.get_placeholder_mask")
+    if transformers_version() >= (5,):
+        # 5.x counts the mask itself: nothing to do, and the record says why.
+        assert mask.status.value == "skipped"
+        assert "no boolean-index gather" in mask.reason
+    else:
+        # One call per forward with pixels: the training step and generate's prefill.
+        assert mask.counters.replacement_calls >= 2 and mask.counters.fallback_calls == 0
+
+
+def test_vision_rotary_calls_per_forward(npu_emulator, isolated_patcher):
+    """Each vision block rotates once, each text layer once: counted exactly."""
+    model = _build("sdpa")
+    inputs = _inputs(model)
+    isolated_patcher.add(*NORM_GROUPS).apply()
+    with torch.no_grad():
+        model(**inputs)
+    report = isolated_patcher.report
+    vision = _record(report, "apply_rotary_pos_emb_vision").counters
+    text = _record(report, "apply_rotary_pos_emb").counters
+    norms = _record(report, "Qwen3VLTextRMSNorm.forward").counters
+    assert (vision.replacement_calls, vision.fallback_calls) == (2, 0)
+    assert (text.replacement_calls, text.fallback_calls) == (2, 0)
+    # 2 per layer, q_norm and k_norm per layer, and the final norm.
+    assert (norms.replacement_calls, norms.fallback_calls) == (9, 0)
+
+
+def test_placeholder_mismatch_raises_as_the_original(npu_emulator, isolated_patcher):
+    """Too few image tokens for the features: the original's ValueError, from the rewrite."""
+    model = _build("eager")
+    inputs = _inputs(model)
+    ids = inputs["input_ids"].clone()
+    ids[0, 3] = 2  # one image token fewer than the 4 features
+    inputs["input_ids"] = ids
+    if "mm_token_type_ids" in inputs:
+        inputs["mm_token_type_ids"] = (ids == IMAGE).int()
+    with pytest.raises(ValueError) as expected, torch.no_grad():
+        model(**inputs)
+    isolated_patcher.add(PlaceholderMaskCount).apply()
+    with pytest.raises(ValueError) as got, torch.no_grad():
+        model(**inputs)
+    assert str(got.value) == str(expected.value)
+    mask = _record(isolated_patcher.report, "Qwen3VLModel.get_placeholder_mask")
+    if transformers_version() < (5,):
+        assert mask.counters.replacement_calls == 1
