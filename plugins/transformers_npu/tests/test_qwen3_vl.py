@@ -19,7 +19,9 @@ Qwen3-VL does not exist in transformers 4.51: the module is skipped there.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+from types import SimpleNamespace
 
 import pytest
 from hf_stacks import require_module
@@ -111,6 +113,46 @@ def _step(model, inputs):
 
 def _generate(model, inputs):
     return model.generate(**inputs, max_new_tokens=4, do_sample=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("family", "cls_name"),
+    [("qwen3_vl", "Qwen3VLTextRMSNorm"), ("qwen3_vl_moe", "Qwen3VLMoeTextRMSNorm")],
+)
+def test_text_rms_norm_is_served_with_the_original_numbers(
+    npu_emulator, isolated_patcher, assert_parity, family, cls_name, dtype
+):
+    """The reference's Qwen3VLTextRMSNorm item: the standard formula, found by TransformersRMSNorm."""
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    cls = getattr(module, cls_name)
+    torch.manual_seed(1)
+    norm = cls(64, eps=1e-6).to(dtype)
+    assert norm.variance_epsilon == 1e-6
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64) * 0.5 + 1)
+    original = cls.forward
+    isolated_patcher.add(*NORM_GROUPS).apply()
+    assert cls.forward is not original
+    for shape in ((5, 64), (2, 7, 64)):
+        x = torch.randn(shape, dtype=dtype) * 3
+        # Values, and gradients of the input and (float32) of the weight. A bfloat16
+        # weight's gradient is a sum over rows that the eager code rounds in bfloat16 at
+        # each step and the kernel once: one ulp apart, the original's own error.
+        weight = norm.weight.detach()
+        if dtype == torch.float32:
+            assert_parity(
+                lambda x, w: original(SimpleNamespace(weight=w, variance_epsilon=1e-6), x),
+                lambda x, w: cls.forward(SimpleNamespace(weight=w, variance_epsilon=1e-6), x),
+                x,
+                weight,
+            )
+        else:
+            assert_parity(lambda x: original(norm, x), lambda x: cls.forward(norm, x), x)
+    (record,) = [
+        r for r in isolated_patcher.report.records if r.name.endswith(cls_name + ".forward")
+    ]
+    assert (record.counters.replacement_calls, record.counters.fallback_calls) == (2, 0)
 
 
 def _record(report, target):
