@@ -138,10 +138,10 @@ ROTATE_HALF = shape_of_source(
     """
 )
 
-#: The canonical forms have at most this many statements (the vision rotary has 9); a
-#: longer function (an attention or a model forward) gets no shape and matches nothing,
-#: which saves work.
-MAX_STATEMENTS = 9
+#: The canonical forms have at most this many statements (the vision rotary has 9,
+#: GPT-NeoX's partial rotary 10); a longer function (an attention or a model forward)
+#: gets no shape and matches nothing, which saves work.
+MAX_STATEMENTS = 10
 
 
 def _short_shape(func: ast.FunctionDef) -> str:

@@ -122,14 +122,76 @@ def test_position_ids_of_the_4x_signature_are_accepted(
     assert _counters(isolated_patcher).replacement_calls == 1
 
 
-def test_partial_rotary_is_not_matched():
-    # Phi-3 rotates only the first rotary_dim features: another function, left alone.
-    phi3 = importlib.import_module("transformers.models.phi3.modeling_phi3")
-    qwen3 = importlib.import_module("transformers.models.qwen3.modeling_qwen3")
-    assert list(rotary_hook(phi3)) == []
-    assert [p.target for p in rotary_hook(qwen3)] == [
-        "transformers.models.qwen3.modeling_qwen3:apply_rotary_pos_emb"
-    ]
+def _module(name):
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+def test_partial_rotary_is_matched_by_formula():
+    # Phi-3 rotates only the first cos.shape[-1] features; GPT-NeoX writes the same
+    # formula in more statements, Nemotron rebinds q and k: all three are served.
+    for name in ("phi3", "gpt_neox", "nemotron", "qwen3"):
+        (patch,) = rotary_hook(_module(name))
+        assert patch.target == f"transformers.models.{name}.modeling_{name}:apply_rotary_pos_emb"
+        assert ("partial" in patch.note) == (name != "qwen3")
+    # GLM's partial rotary is interleaved (its rotate_half pairs neighbours): not half mode.
+    assert list(rotary_hook(_module("glm"))) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+@pytest.mark.parametrize(
+    ("model", "rotary"), [("phi3", 8), ("phi3", 16), ("gpt_neox", 6), ("nemotron", 10)]
+)
+def test_partial_rotary_matches_the_original(
+    npu_emulator, isolated_patcher, assert_parity, dtype, layout, model, rotary
+):
+    module = _module(model)
+    original = module.apply_rotary_pos_emb
+    isolated_patcher.add(TransformersRotary).apply()
+    patched = module.apply_rotary_pos_emb
+    assert patched is not original
+    heads, kv_heads, seq, dim = 4, 2, 5, 16
+    if layout == "BNSD":
+        q, k, unsqueeze_dim = torch.randn(2, heads, seq, dim), torch.randn(2, kv_heads, seq, dim), 1
+    else:
+        q, k, unsqueeze_dim = torch.randn(2, seq, heads, dim), torch.randn(2, seq, kv_heads, dim), 2
+    cos, sin = _cos_sin(2, seq, rotary, dtype)
+    q, k = q.to(dtype), k.to(dtype)
+    if dtype == torch.float32:
+        assert_parity(original, patched, q, k, cos, sin, kwargs={"unsqueeze_dim": unsqueeze_dim})
+    else:
+        assert_parity(
+            lambda q, k: original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim),
+            lambda q, k: patched(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim),
+            q,
+            k,
+        )
+    target = f"transformers.models.{model}.modeling_{model}:apply_rotary_pos_emb"
+    counters = _counters(isolated_patcher, target)
+    assert (counters.replacement_calls, counters.fallback_calls) == (1, 0)
+
+
+def test_partial_rotary_outside_the_envelope_runs_the_original(npu_emulator, isolated_patcher):
+    phi3 = _module("phi3")
+    isolated_patcher.add(TransformersRotary).apply()
+    rope = phi3.apply_rotary_pos_emb
+    counters = _counters(
+        isolated_patcher, "transformers.models.phi3.modeling_phi3:apply_rotary_pos_emb"
+    )
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    # An odd rotary width: not a layout of the op (half mode splits it in two).
+    odd = torch.randn(2, 5, 7)
+    assert _fallback(rope, counters, q, k, odd, odd) == 1
+    # cos/sin wider than the head: the original's own error, not the kernel's.
+    wide_cos, wide_sin = _cos_sin(2, 5, 32, torch.float32)
+    with pytest.raises(RuntimeError):
+        rope(q, k, wide_cos, wide_sin)
+    assert counters.fallback_calls == 2
+    # A rotated width of 896 or more.
+    big_cos, big_sin = _cos_sin(1, 2, 896, torch.float32)
+    big_q = torch.randn(1, 1, 2, 1024)
+    assert _fallback(rope, counters, big_q, big_q, big_cos, big_sin) == 1
+    assert counters.replacement_calls == 0
 
 
 def test_olmo2_cast_back_variant_matches(npu_emulator, isolated_patcher, assert_parity):
