@@ -52,6 +52,8 @@ _EXTRA = {
         "moe_intermediate_size": 32,
     },
     "gemma": {"head_dim": 16},
+    # Phi-3 with half of each head rotated: the partial rotary path (pad id inside the vocab).
+    "phi3": {"partial_rotary_factor": 0.5, "pad_token_id": 0},
 }
 
 
@@ -118,7 +120,7 @@ def _counters(report, arch, target):
 
 _CASES = [
     pytest.param(arch, attn, marks=() if arch == "qwen3" else pytest.mark.slow)
-    for arch in ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma")
+    for arch in ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "phi3")
     for attn in ("eager", "sdpa")
 ]
 
