@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -36,6 +39,7 @@ pytest.importorskip(
 import torch  # noqa: E402
 from ascend_patch_transformers.groups_norms import GROUPS as NORM_GROUPS  # noqa: E402
 from ascend_patch_transformers.groups_runtime import PlaceholderMaskCount  # noqa: E402
+from test_model_parity import _CLI  # noqa: E402
 from test_model_parity import _TINY  # noqa: E402
 from transformers import Qwen3VLConfig  # noqa: E402
 from transformers import Qwen3VLForConditionalGeneration  # noqa: E402
@@ -239,3 +243,84 @@ def test_placeholder_mismatch_raises_as_the_original(npu_emulator, isolated_patc
     mask = _record(isolated_patcher.report, "Qwen3VLModel.get_placeholder_mask")
     if transformers_version() < (5,):
         assert mask.counters.replacement_calls == 1
+
+
+_PROGRAM = """
+import inspect
+import torch
+import transformers
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+rope = {"rope_type": "default", "mrope_section": [4, 2, 2], "rope_theta": 10000.0}
+text = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+)
+if int(transformers.__version__.split(".")[0]) >= 5:
+    text["rope_parameters"] = rope
+else:
+    text["rope_theta"] = rope.pop("rope_theta")
+    text["rope_scaling"] = rope
+vision = dict(
+    depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+    spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+    num_position_embeddings=16, deepstack_visual_indexes=[0],
+)
+config = Qwen3VLConfig(
+    text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
+    vision_start_token_id=122, vision_end_token_id=123,
+)
+model = Qwen3VLForConditionalGeneration._from_config(config).to("npu")
+ids = torch.tensor([[1, 2, 122, 120, 120, 120, 120, 123, 5, 6]], device="npu")
+inputs = dict(
+    input_ids=ids,
+    pixel_values=torch.randn(16, 96, device="npu"),
+    image_grid_thw=torch.tensor([[1, 4, 4]], device="npu"),
+)
+if "mm_token_type_ids" in inspect.signature(model.model.forward).parameters:
+    inputs["mm_token_type_ids"] = (ids == 120).int()
+model(**inputs, labels=ids).loss.backward()
+"""
+
+
+@pytest.mark.slow
+def test_cli_qwen3_vl_takes_the_npu_paths(tmp_path):
+    """The way a user runs it: ``ascend-patch run --emulate-npu --enable ...`` on a script."""
+    (tmp_path / "tiny_qwen3_vl.py").write_text(_PROGRAM)
+    report = tmp_path / "report.json"
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    env.pop("ASCEND_PATCH_ENABLE", None)
+    done = subprocess.run(
+        [
+            *_CLI,
+            "run",
+            "--emulate-npu",
+            "--enable",
+            "TransformersRMSNorm,TransformersRotary",
+            "--report",
+            str(report),
+            str(tmp_path / "tiny_qwen3_vl.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    (process,) = json.loads(report.read_text())["processes"]
+    records = {r["name"]: r for r in process["report"]["records"]}
+    for target, calls in (
+        ("apply_rotary_pos_emb_vision", 2),  # one per vision block
+        ("apply_rotary_pos_emb", 2),  # one per text layer
+        ("Qwen3VLTextRMSNorm.forward", 9),
+    ):
+        counters = records[f"{MODULE}:{target}"]["counters"]
+        assert counters == {"replacement_calls": calls, "fallback_calls": 0}, target
+    # PlaceholderMaskCount is a default group: no --enable needed.
+    mask = records[f"{MODULE}:Qwen3VLModel.get_placeholder_mask"]
+    if transformers_version() >= (5,):
+        assert mask["status"] == "skipped" and "no boolean-index gather" in mask["reason"]
+    else:
+        assert mask["status"] == "applied"
+        assert mask["counters"] == {"replacement_calls": 1, "fallback_calls": 0}
