@@ -274,7 +274,7 @@ def test_qwen2_vl_fast_image_processor_gives_the_same_patches(npu_emulator, isol
             merge_size=2,
             do_convert_rgb=False,
             input_data_format=None,
-            device=None,
+            device="npu",  # how a user sends a processor to the NPU
         )
 
     want = call()
