@@ -51,6 +51,7 @@ from typing import Any
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import with_imports
 
+from .source_shapes import ROTATE_HALF
 from .source_shapes import module_definitions
 from .source_shapes import shape_of_source
 
@@ -145,15 +146,6 @@ _PARTIAL_4X = {
     shape_of_source(_SIGNATURE_4X + textwrap.indent(textwrap.dedent(b), "    "))
     for b in _PARTIAL_BODIES
 }
-_ROTATE_HALF = shape_of_source(
-    """
-    def rotate_half(x):
-        x1 = x[..., : x.shape[-1] // 2]
-        x2 = x[..., x.shape[-1] // 2 :]
-        return torch.cat((-x2, x1), dim=-1)
-    """
-)
-
 _NPU_DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -270,7 +262,7 @@ def rotary_hook(module: ModuleType) -> Iterator[AtomicPatch]:
     """The ``ModuleHook`` callback: a patch for ``module.apply_rotary_pos_emb`` if it is the standard one."""
     definitions = module_definitions(module)
     chosen = _BY_SHAPE.get(definitions.functions.get("apply_rotary_pos_emb", ""))
-    if chosen is None or definitions.functions.get("rotate_half") != _ROTATE_HALF:
+    if chosen is None or definitions.functions.get("rotate_half") != ROTATE_HALF:
         return
     function = module.__dict__.get("apply_rotary_pos_emb")
     if getattr(function, "__module__", None) != module.__name__:
