@@ -8,7 +8,10 @@ cannot show is the point of the change, an NPU transpose of more than 8 dims.
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import os
+import subprocess
 import sys
 import textwrap
 
@@ -314,3 +317,85 @@ def test_what_the_hook_finds():
             "video_processing_qwen3_vl": ["Qwen3VLVideoProcessor.patchify"],
             "video_processing_glm4v": ["Glm4vVideoProcessor.patchify"],
         }
+
+
+# 4.57.6's Qwen2-VL and GLM-4V fast image processors, and the Qwen2-VL video processor
+# (and most 5.x video processors), import torchvision's functional module at load; this
+# CPU build has no torchvision. In a child
+# process a stand-in module lets them load; the calls below (no resize, no normalize)
+# never reach it, and the rest of each method is transformers' own code.
+_STAND_IN_PROGRAM = """
+import importlib, json, sys, types
+import transformers, transformers.utils.import_utils  # decides "no torchvision" before the stand-in exists
+for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.v2"):
+    sys.modules[name] = types.ModuleType(name)
+functional = types.ModuleType("torchvision.transforms.v2.functional")
+sys.modules["torchvision.transforms.v2"].functional = functional
+sys.modules["torchvision.transforms.v2.functional"] = functional
+
+from ascend_patch_emulator import activate
+activate()
+import torch
+from ascend_patch_core import Patcher
+from ascend_patch_transformers.groups_runtime import VisionPatchify
+
+common = dict(do_resize=False, size=None, interpolation=None, do_rescale=True,
+              rescale_factor=1 / 255, do_normalize=False, image_mean=None, image_std=None,
+              patch_size=14, temporal_patch_size=2, merge_size=2, return_tensors=None)
+torch.manual_seed(0)
+images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8) for h, w in
+          [(56, 84), (28, 56), (56, 84)]]
+videos = [torch.randint(0, 256, (t, 3, 56, 28), dtype=torch.uint8) for t in (3, 4)]
+video_call = lambda p: p._preprocess(
+    videos, do_convert_rgb=False, resample=None, cap_pixels_per_frame=False, **common)
+if transformers.__version__.startswith("4."):
+    cases = {
+        "qwen2_vl.image_processing_qwen2_vl_fast:Qwen2VLImageProcessorFast._preprocess":
+            lambda p: p._preprocess(images, disable_grouping=None, **common),
+        "glm4v.image_processing_glm4v_fast:Glm4vImageProcessorFast._preprocess":
+            lambda p: p._preprocess(images, disable_grouping=None, **common),
+        "qwen2_vl.video_processing_qwen2_vl:Qwen2VLVideoProcessor._preprocess": video_call,
+    }
+else:  # 5.x: the image processors permute 8 dims; the video processors' patchify 10
+    cases = {
+        "qwen2_vl.video_processing_qwen2_vl:Qwen2VLVideoProcessor.patchify": video_call,
+        "glm46v.video_processing_glm46v:Glm46VVideoProcessor.patchify": video_call,
+        "video_llama_3.video_processing_video_llama_3:VideoLlama3VideoProcessor.patchify":
+            video_call,
+    }
+processors, expected = {}, {}
+for key, call in cases.items():
+    module, _, name = key.partition(":")
+    module = importlib.import_module("transformers.models." + module)
+    processors[key] = getattr(module, name.partition(".")[0])()
+    expected[key] = call(processors[key])
+patcher = Patcher(autoload=False, strict=True).add(VisionPatchify)
+patcher.apply()
+result = {}
+for key, call in cases.items():
+    got = call(processors[key])
+    same = got.keys() == expected[key].keys() and all(
+        torch.equal(got[k], expected[key][k]) for k in got)
+    (record,) = [r for r in patcher.report.records if r.name == "transformers.models." + key]
+    result[key] = [same, record.status.value, record.counters.replacement_calls]
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.skipif(transformers_version() < (4, 57), reason="4.51: importable without torchvision")
+def test_processors_that_import_torchvision(tmp_path):
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", _STAND_IN_PROGRAM],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(result) == 3
+    for key, (same, status, calls) in result.items():
+        # _preprocess once per call; 5.x's patchify once per group of equal frame shapes.
+        assert (same, status) == (True, "applied") and calls >= 1, key
