@@ -219,7 +219,7 @@ def narrow_permute_rewrite(function: Any) -> types.FunctionType:
     code, count = _method_code(function, rewrite=True)
     if count == 0:
         raise SkipPatch(f"{name} has no permute of more than {MAX_DIMS} dims: not needed")
-    if hasattr(code, "co_qualname"):  # Python 3.11+
+    if sys.version_info >= (3, 11):  # tracebacks and profilers name the method as before
         code = code.replace(co_qualname=function.__code__.co_qualname)
     if code.co_freevars != (_HELPER,):
         raise SkipPatch(f"{name}: the rewritten code has free variables {code.co_freevars}")

@@ -101,17 +101,24 @@ def plan_narrow_permute(
 def permute_narrow(x: Any, dims: Sequence[int], max_dims: int = MAX_DIMS) -> Any:
     """``x.permute(dims)``, contiguous, computed with permutes of at most ``max_dims`` dims.
 
-    A non-contiguous ``x`` is made contiguous first (a copy of its own rank); the
+    An ``x`` that is itself a permuted view of contiguous memory (channels-last images,
+    a transposed batch) is planned from that memory order, with no copy first; any
+    other non-contiguous ``x`` is made contiguous first (a copy of its own rank). The
     processors' patchify views are contiguous.
     """
-    dims = tuple(int(d) for d in dims)
-    shape = tuple(x.shape)
-    out_shape = tuple(shape[d % len(shape)] for d in dims) if len(dims) == len(shape) else None
-    passes = plan_narrow_permute(shape, dims, max_dims)
-    assert out_shape is not None  # plan_narrow_permute checked dims
+    n = x.dim()
+    dims = tuple(int(d) % n if n else int(d) for d in dims)
+    plan_narrow_permute(tuple(x.shape), dims, max_dims)  # checks dims
+    out_shape = tuple(x.shape[d] for d in dims)
     if x.numel() == 0:
         return x.new_empty(out_shape)
+    # The memory order of x's dims: by stride, largest first (stable for equal strides).
+    memory_order = sorted(range(n), key=lambda d: -x.stride(d))
+    base = x.permute(memory_order)
+    if base.is_contiguous():
+        x, dims = base, tuple(memory_order.index(d) for d in dims)
     y = x.contiguous()
+    passes = plan_narrow_permute(tuple(x.shape), dims, max_dims)
     for view, permutation in passes:
         y = y.reshape(view).permute(permutation).contiguous()
     return y.reshape(out_shape)

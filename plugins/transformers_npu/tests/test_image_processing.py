@@ -49,10 +49,14 @@ def _permutations(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(_permutations())
-def test_permute_narrow_is_permute(case):
+@given(_permutations(), st.sampled_from(["contiguous", "permuted view", "strided"]))
+def test_permute_narrow_is_permute(case, layout):
     shape, dims, max_dims = case
     x = torch.arange(math.prod(shape)).reshape(shape)
+    if layout == "permuted view":  # the same shape over memory in another order
+        x = x.flip(0).reshape(shape[::-1]).permute(*reversed(range(len(shape))))
+    elif layout == "strided":  # not a permutation of contiguous memory
+        x = torch.arange(2 * math.prod(shape)).reshape(*shape[:-1], 2 * shape[-1])[..., ::2]
     y = permute_narrow(x, dims, max_dims)
     assert torch.equal(y, x.permute(dims)) and y.is_contiguous()
     assert all(len(p) <= max_dims for _, p in plan_narrow_permute(shape, dims, max_dims))
