@@ -29,9 +29,9 @@ transformers 5.x also holds the experts of most MoE families (Qwen3-MoE, Qwen2-M
 Mixtral, OLMoE, DeepSeek-V2/V3, ...) as one module of stacked weights decorated with
 ``@use_experts_implementation``. That decorator makes ``forward`` a dispatcher over
 ``config._experts_implementation``: ``grouped_mm`` (what a model gets unless it asks for
-another, on any device), ``batched_mm`` and the CUDA kernels ``deepgemm``/``sonicmoe``
-gate through the class's ``_apply_gate(gate_up)`` -- transformers'
-``_default_apply_gate`` unless the class writes its own; ``eager`` (asked for, or an
+another, on any device), ``batched_mm`` and the CUDA-only ``deepgemm`` gate through
+the class's ``_apply_gate(gate_up)`` -- transformers' ``_default_apply_gate`` unless the
+class writes its own (the CUDA-only ``sonicmoe`` fuses its own); ``eager`` (asked for, or an
 experts module used outside a model) runs the class's own loop, whose gate is inline.
 So the target is ``<Class>._apply_gate`` of every class whose ``_apply_gate`` (its own
 or the one the decorator put there) is, by source::
@@ -42,7 +42,8 @@ served as ``npu_swiglu(gate_up)``: the gate is the first half, as the op wants, 
 call on the projection's output, no copy. Clamped gates (GPT-OSS, DeepSeek-V4, ...)
 are other formulas and take no patch; the eager loop is not served.
 
-The runtime check wants an NPU float16/bfloat16/float32 input of 1-7 dims and an
+The runtime check wants an NPU float16/bfloat16/float32 input of 1-7 dims (1-8 for the
+experts; ``_apply_gate``'s input also contiguous with an even last dim) and an
 activation that is SiLU (``torch.nn.SiLU`` or transformers' ``SiLUActivation``, what
 ``hidden_act="silu"`` builds); a GeGLU MLP (Gemma's ``gelu_pytorch_tanh``) has the same
 source and runs the original, counted as a fallback.
