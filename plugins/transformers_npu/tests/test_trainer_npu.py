@@ -45,6 +45,7 @@ def npu_patcher() -> Iterator[Any]:
     patcher = Patcher(autoload=False)
     for group in (*torch_plugin.register_patches(), *plugin.register_patches()):
         patcher.add(group)
+    patcher.add(*plugin.register_import_rules())  # as apply(): 4.51 without einops needs one
     clear_caches()
     try:
         yield patcher
