@@ -18,7 +18,9 @@ the error text. A class's ``get_placeholder_mask`` is rewritten when its source 
 ``<parameter>[<name>].numel()``: each such expression becomes ``_selected_numel(
 <parameter>, <name>)``, and the rest of the method -- its masks, its return values, its
 ``ValueError`` texts and conditions -- is the original's own code, compiled from its
-source (tracebacks point at the library's file and lines). ``_selected_numel`` returns
+source (tracebacks point at the library's file and lines) by
+:mod:`~ascend_patch_transformers.method_rewrite`, which first checks that the unchanged
+source compiles to the loaded method's bytecode (the fingerprint). ``_selected_numel`` returns
 exactly ``values[mask].numel()``: for a boolean mask of the values' shape, the number
 of True (an expanded mask, as here, is counted on one column and multiplied by the
 width); for anything else it runs the gather itself. So the results are the original's,
@@ -26,8 +28,9 @@ with one small reduction instead of a copy of the embeddings, and still one wait
 the device (the ``if`` needs the count on the host, as the original's does).
 
 A method without the gather (5.x's vision-language models, models that check nothing)
-gets a record ``skipped`` with the reason; so does one the rewrite cannot serve
-(decorated, or using ``super()``, which a recompiled function has no class cell for).
+gets a record ``skipped`` with the reason; so does one the rewrite cannot serve (its
+source file not the loaded code, a wrapper a decorator returned, or using ``super()``,
+which a recompiled function has no class cell for).
 The 4.51 models do their check inside ``forward`` (no ``get_placeholder_mask``): not
 rewritten. The runtime check sends calls whose gathered parameter is an NPU tensor to
 the rewrite, others to the original.
@@ -38,7 +41,6 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
-import textwrap
 from collections.abc import Callable
 from collections.abc import Iterator
 from types import FunctionType
@@ -48,6 +50,7 @@ from typing import Any
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import SkipPatch
 
+from .method_rewrite import rewritten_function
 from .source_shapes import defined_class
 from .source_shapes import module_definitions
 
@@ -106,54 +109,21 @@ class _CountNotGather(ast.NodeTransformer):
 
 def counting_twin(function: FunctionType) -> tuple[FunctionType, str] | str:
     """``(twin, gathered parameter)``: ``function`` recompiled with its gathers counted; else why not."""
-    try:
-        source = textwrap.dedent(inspect.getsource(function))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError) as exc:
-        return f"its source cannot be read ({type(exc).__name__})"
-    func = tree.body[0] if len(tree.body) == 1 else None
-    if not isinstance(func, ast.FunctionDef):
-        return "its source is not one function definition"
-    if func.decorator_list:
-        return "it is decorated (a recompiled twin would lose what the decorators do)"
-    names = {node.id for node in ast.walk(func) if isinstance(node, ast.Name)}
-    if names & {"super", "__class__", _COUNTER}:
-        return "it uses super() or __class__, which a recompiled function has no class cell for"
-    arguments = func.args
-    parameters = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+    code = function.__code__
+    # The parameters by name (posonly, positional, keyword-only; not *args, **kwargs).
+    parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
     rewrite = _CountNotGather(parameters)
-    rewrite.visit(func)
-    if not rewrite.gathered:
-        return (
-            "no boolean-index gather (<parameter>[<mask>].numel()) in its source: it counts already"
-        )
+    twin = rewritten_function(
+        function,
+        rewrite,
+        {_COUNTER: selected_numel},
+        unchanged="no boolean-index gather (<parameter>[<mask>].numel()) in its source: "
+        "it counts already",
+    )
+    if isinstance(twin, str):
+        return twin
     if len(set(rewrite.gathered)) > 1:
         return "it gathers from more than one parameter"
-    # def _make(_COUNTER): <the method>; return <the method>  -- the counter is a closure
-    # variable, so the module's globals are read, never written.
-    module = ast.parse(f"def _make({_COUNTER}):\n    return {func.name}\n")
-    factory = module.body[0]
-    assert isinstance(factory, ast.FunctionDef)
-    factory.body.insert(0, func)
-    ast.copy_location(factory, func)
-    ast.fix_missing_locations(module)
-    ast.increment_lineno(module, function.__code__.co_firstlineno - 1)
-    # Annotations are not evaluated again (the original's are copied over below).
-    for node in ast.walk(func):
-        if isinstance(node, ast.arg):
-            node.annotation = None
-    func.returns = None
-    try:
-        code = compile(module, function.__code__.co_filename, "exec", dont_inherit=True)
-        namespace: dict[str, Any] = {}
-        exec(code, function.__globals__, namespace)  # the library's own source, one call swapped
-        twin: FunctionType = namespace["_make"](selected_numel)
-    except Exception as exc:  # a defect of the rewrite: the original stays, the report says why
-        return f"its rewritten source does not compile or run: {type(exc).__name__}: {exc}"
-    twin.__qualname__ = function.__qualname__
-    twin.__defaults__ = function.__defaults__
-    twin.__kwdefaults__ = function.__kwdefaults__
-    twin.__annotations__ = dict(function.__annotations__)
     return twin, rewrite.gathered[0]
 
 
