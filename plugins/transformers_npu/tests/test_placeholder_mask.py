@@ -6,7 +6,7 @@ the masks it returns (values, shapes, dtypes) and the ``ValueError`` it raises (
 condition) are the same, for matching and mismatching feature counts, through
 ``input_ids`` and through ``inputs_embeds``; and the rewrite runs no gather (no
 ``index``/``nonzero`` op). A method that counts already (5.x's vision-language models)
-gets a ``skipped`` record saying so.
+gets a ``skipped`` record saying so; so does one whose file was edited after import.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,9 +28,12 @@ transformers = require_module("transformers")
 
 import torch  # noqa: E402
 from ascend_patch_transformers.groups_runtime import PlaceholderMaskCount  # noqa: E402
+from ascend_patch_transformers.placeholder_mask import counting_twin  # noqa: E402
 from ascend_patch_transformers.placeholder_mask import placeholder_mask_hook  # noqa: E402
 from ascend_patch_transformers.placeholder_mask import selected_numel  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from ascend_patch_core import SkipPatch  # noqa: E402
 
 
 HIDDEN = 8
@@ -221,3 +226,49 @@ def test_451_has_no_placeholder_mask_method():
     # 4.51's models check the counts inside forward; nothing for this group there.
     module = importlib.import_module("transformers.models.qwen2_vl.modeling_qwen2_vl")
     assert list(placeholder_mask_hook(module)) == []
+
+
+_SYNTHETIC = """
+    import torch
+
+
+    class TinyModel:
+        def forward(self, input_ids):  # modeling modules are read where they have a forward
+            return input_ids
+
+        def get_placeholder_mask(self, input_ids, inputs_embeds, image_features):
+            \"\"\"Docstring
+                with an indented line.\"\"\"
+            mask = (input_ids == 5).unsqueeze(-1).expand_as(inputs_embeds)
+            if inputs_embeds[mask].numel() != image_features.numel():
+                raise ValueError(f"tokens {int(mask.sum())} for {TinyModel.__name__}")
+            return mask
+"""
+
+
+def test_a_source_edited_after_import_is_skipped(tmp_path, monkeypatch):
+    # The method is recompiled from its file only when the unchanged file compiles to the
+    # loaded code: a file edited after import (a reinstall under a running process) is not.
+    name = "apx_tiny_placeholder_model"
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(_SYNTHETIC))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    monkeypatch.setitem(sys.modules, name, module)  # removed again at teardown
+    original = module.TinyModel.__dict__["get_placeholder_mask"]
+    twin, parameter = counting_twin(original)
+    ids = torch.tensor([[1, 5, 5]])
+    embeds = torch.zeros(1, 3, HIDDEN)
+    for features in (torch.zeros(2, HIDDEN), torch.zeros(3, HIDDEN)):
+        _assert_same(
+            _outcome(original, None, ids, embeds, features),
+            _outcome(twin, None, ids, embeds, features),
+            features.shape,
+        )
+    assert parameter == "inputs_embeds" and twin.__doc__ == original.__doc__
+    path.write_text(path.read_text().replace("tokens {", "image tokens {"))
+    reason = counting_twin(original)
+    assert isinstance(reason, str) and "does not match the loaded code" in reason
+    (patch,) = placeholder_mask_hook(module)
+    with pytest.raises(SkipPatch, match="does not match the loaded code"):
+        patch.precheck()
