@@ -8,14 +8,17 @@ which import no patch family.
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
-from ascend_patch_core import ImportRule
 from ascend_patch_core import Patch
-from ascend_patch_core import ReplaceImport
 from ascend_patch_core import hookimpl
 
 from . import groups
 from . import groups_ops
+
+
+if TYPE_CHECKING:
+    from ascend_patch_core import ImportRule
 
 
 #: The factory of the served ``mmcv._ext``, imported on its first import only.
@@ -31,6 +34,8 @@ def register_import_rules() -> list[ImportRule]:
     """
     if importlib.util.find_spec("mmcv") is None:
         return []
+    from ascend_patch_core import ReplaceImport  # the rule machinery: only now
+
     return [ReplaceImport("mmcv._ext", EXT_PROVIDER, when_missing=True)]
 
 
