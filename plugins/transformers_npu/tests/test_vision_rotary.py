@@ -80,6 +80,26 @@ def test_packed_patches_match_the_original(npu_emulator, isolated_patcher, asser
     assert (counters.replacement_calls, counters.fallback_calls) == (1, 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_computed_in_float32(npu_emulator, isolated_patcher, dtype):
+    # The original upcasts q, k, cos and sin to float32 and rounds the result once. The
+    # replacement hands the op float32 tensors (the emulator's kernel computes x*r1 +
+    # rotate(x)*r2 in that order), so the outputs are the original's bit for bit; a
+    # replacement giving the op half-precision cos/sin differs in the last bit of some
+    # values, which the per-dtype parity tolerance alone does not see.
+    module = importlib.import_module(QWEN2_VL)
+    original = module.apply_rotary_pos_emb_vision
+    isolated_patcher.add(TransformersRotary).apply()
+    q, k = _packed_qk(64, 4, 32, dtype)
+    cos, sin = _cos_sin(64, 32)
+    expected = original(q, k, cos, sin)
+    got = module.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    for e, g in zip(expected, got, strict=True):
+        assert g.dtype == dtype
+        assert torch.equal(g, e)
+    assert _counters(isolated_patcher).replacement_calls == 1
+
+
 def test_cos_sin_gradients_match(npu_emulator, isolated_patcher, assert_parity):
     module = importlib.import_module(QWEN2_VL)
     original = module.apply_rotary_pos_emb_vision
