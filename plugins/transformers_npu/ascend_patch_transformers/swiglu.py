@@ -40,7 +40,8 @@ or the one the decorator put there) is, by source::
 
 served as ``npu_swiglu(gate_up)``: the gate is the first half, as the op wants, so one
 call on the projection's output, no copy. Clamped gates (GPT-OSS, DeepSeek-V4, ...)
-are other formulas and take no patch; the eager loop is not served.
+are other formulas and take no patch; the eager loop is not served; nor are experts
+declared ``has_gate=False`` (NemotronH's), which never call ``_apply_gate``.
 
 The runtime check wants an NPU float16/bfloat16/float32 input of 1-7 dims (1-8 for the
 experts; ``_apply_gate``'s input also contiguous with an even last dim) and an
@@ -51,8 +52,10 @@ source and runs the original, counted as a fallback.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import sys
+import textwrap
 from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -271,6 +274,33 @@ def _gate_shape(definitions: Definitions, name: str, cls: type) -> str:
     return _function_shape(gate) if inspect.isfunction(gate) else ""
 
 
+def _named(node: ast.expr, name: str) -> bool:
+    return (isinstance(node, ast.Name) and node.id == name) or (
+        isinstance(node, ast.Attribute) and node.attr == name
+    )
+
+
+def _declared_without_gate(cls: type) -> bool:
+    """Whether ``cls`` is decorated ``@use_experts_implementation(has_gate=False)``.
+
+    Such experts (NemotronH's: up and down projections only) never call ``_apply_gate``:
+    the decorator still puts the default one on the class, but patching it would report
+    a target that no path runs.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    node = tree.body[0] if tree.body else None
+    for decorator in getattr(node, "decorator_list", ()):
+        if isinstance(decorator, ast.Call) and _named(decorator.func, "use_experts_implementation"):
+            for keyword in decorator.keywords:
+                value = keyword.value
+                if keyword.arg == "has_gate" and isinstance(value, ast.Constant):
+                    return value.value is False
+    return False
+
+
 def swiglu_hook(module: ModuleType) -> Iterator[AtomicPatch]:
     """The ``ModuleHook`` callback: a patch for each SwiGLU MLP or experts gate in ``module``."""
     definitions = module_definitions(module)
@@ -287,6 +317,8 @@ def swiglu_hook(module: ModuleType) -> Iterator[AtomicPatch]:
     for name in definitions.classes:
         cls = defined_class(module, name)
         if cls is None or _GATE_SHAPES.get(_gate_shape(definitions, name, cls)) is None:
+            continue
+        if _declared_without_gate(cls):
             continue
         yield AtomicPatch(
             f"{module.__name__}:{name}._apply_gate",

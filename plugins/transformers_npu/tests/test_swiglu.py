@@ -223,6 +223,19 @@ def test_eager_experts_loop_is_not_served(npu_emulator, isolated_patcher):
     assert (counters.replacement_calls, counters.fallback_calls) == (0, 0)
 
 
+@_NEW
+def test_experts_without_a_gate_are_not_matched():
+    # NemotronH's experts are declared @use_experts_implementation(has_gate=False): the
+    # decorator still puts the default _apply_gate on the class, but no path calls it, so
+    # a patch there would be reported while never running.
+    try:
+        nemotron_h = importlib.import_module("transformers.models.nemotron_h.modeling_nemotron_h")
+    except ImportError:
+        pytest.skip("no NemotronH in this transformers")
+    assert "_apply_gate" in vars(nemotron_h.NemotronHExperts)
+    assert [p.target for p in swiglu_hook(nemotron_h) if "Experts" in p.target] == []
+
+
 def test_clamped_gates_are_not_matched():
     # GPT-OSS clamps its gate and adds 1 to up: another formula (4.55 and newer).
     try:
