@@ -160,8 +160,8 @@ def rewritten_function(
 ) -> types.FunctionType | str:
     """``function`` recompiled from its source with ``transformer`` applied; else why not.
 
-    ``transformer`` visits the function's definition (a ``FunctionDef`` of the module's
-    parsed source, decorators included) and may call the ``helpers`` by name: each
+    ``transformer`` visits the function's definition (a ``FunctionDef`` parsed from the
+    module's source, decorators included) and may call the ``helpers`` by name: each
     becomes a closure variable of the twin bound to its value. ``unchanged`` is the
     reason returned when the transformer changes nothing in the compiled code. The
     twin keeps the original's name, qualified name, module, defaults, annotations,
