@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _patch
-from ._info import info_line
 from ._patch import AtomicPatch
 from ._patch import Patch
 from ._patcher import Patcher
@@ -40,6 +39,14 @@ __all__ = [
 #: Two threads applying the same patch or group alone must share one Patcher: two would
 #: install it twice, and revert() would undo only the one it finds.
 _own_lock = threading.Lock()
+
+
+def info_line(patch: AtomicPatch, original: Any, replacement: Any, diff: bool) -> str:
+    """``AtomicPatch.get_info()``'s line (:func:`._info.info_line`, imported on first use:
+    every ``apply()`` imports this module, few programs ask for the line)."""
+    from ._info import info_line as line
+
+    return line(patch, original, replacement, diff)
 
 
 def apply_one(patch: AtomicPatch) -> Record:

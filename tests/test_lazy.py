@@ -81,11 +81,12 @@ def test_apply_in_subprocess_imports_no_heavy_library(tmp_path: Path) -> None:
 
 
 def test_rarely_used_core_modules_load_on_first_use(tmp_path: Path) -> None:
-    """Import rules, the 1.0 builder and with_imports cost nothing until a program uses them."""
+    """Import rules, the 1.0 builder, with_imports and print_info cost nothing until used."""
     lazy = (
         "ascend_patch_core._rules",
         "ascend_patch_core._legacy",
         "ascend_patch_core._with_imports",
+        "ascend_patch_core._info",  # print_info() / get_info() only
     )
     code = (
         "import sys, ascend_patch_core\n"
