@@ -1,4 +1,4 @@
-"""The patches of :class:`ascend_patch_transformers.groups_attention.NpuAttention`.
+"""The patches of :class:`ascend_patch_transformers.groups.NpuAttention`.
 
 * ``attn_implementation="npu"``: the fused path in front of the fallback
   (:mod:`ascend_patch_transformers.attention`), its name in transformers' attention
@@ -16,6 +16,7 @@ its Groups section, with the installed transformers version.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,8 +24,6 @@ from ascend_patch_core import AtomicPatch
 
 from .attention import IMPLEMENTATION
 from .attention import fusion_supported
-from .attention_rules import findable
-from .attention_rules import npu_integration_needs_einops
 
 
 __all__ = ["attention_patches", "enable_flash_attention_2", "flash_attn_stand_in"]
@@ -43,12 +42,19 @@ def _transformers_version() -> str:
         return "?"
 
 
+def _findable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def flash_attn_stand_in() -> bool:
     """Whether ``flash_attn`` here is the plugin's stand-in: findable, with no flash-attn distribution."""
     try:
         importlib.metadata.distribution("flash-attn")
     except importlib.metadata.PackageNotFoundError:
-        return findable("flash_attn") and findable("torch_npu")
+        return _findable("flash_attn") and _findable("torch_npu")
     return False
 
 
@@ -78,15 +84,21 @@ def enable_flash_attention_2(
     return config
 
 
-def attention_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    """The group's patches, each noted with the path a model takes."""
+def attention_patches(
+    options: Any = None, *, npu_module_served: bool = False
+) -> Iterator[AtomicPatch]:
+    """The group's patches, each noted with the path a model takes.
+
+    ``npu_module_served``: the group's import rule serves transformers' NPU integration
+    without einops (:func:`ascend_patch_transformers.groups.npu_integration_needs_einops`).
+    """
     version = _transformers_version()
     fused = (
         f'attn_implementation="{IMPLEMENTATION}": npu_fusion_attention (BNSD); '
         "fallback: sdpa (eager for attention weights or softcap)"
     )
 
-    einops_free = ", served without einops" if npu_integration_needs_einops() else ""
+    einops_free = ", served without einops" if npu_module_served else ""
     flash = (
         f'"flash_attention_2": transformers {version}\'s own NPU path '
         f'(integrations.npu_flash_attention{einops_free}); "sdpa": torch\'s SDPA, not patched'

@@ -4,7 +4,7 @@ flash-attn is CUDA-only (it does not build without CUDA), so code written for it
 ``import flash_attn`` on an Ascend machine. Served as ``flash_attn`` (and
 ``flash_attn.bert_padding``, ``flash_attn.flash_attn_interface``) by a ``ReplaceImport``
 rule with ``when_missing=True``: only where no real flash_attn is installed and an NPU
-runtime is importable (see :func:`ascend_patch_transformers.groups_attention.import_rules`).
+runtime is importable (see :func:`ascend_patch_transformers.groups.import_rules`).
 
 Same names, arguments and results as flash-attn 2.x:
 

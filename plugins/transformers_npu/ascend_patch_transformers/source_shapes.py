@@ -40,7 +40,7 @@ __all__ = [
     "shape_of_source",
 ]
 
-#: The pattern of the modules the hooks visit (``fnmatch``; groups_norms declares the same).
+#: The pattern of the modules the hooks visit (``fnmatch``; groups declares the same).
 MODELING_MODULES = "transformers.models.*.modeling_*"
 
 

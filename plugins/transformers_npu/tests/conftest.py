@@ -32,10 +32,10 @@ def _npu_integration_without_einops(request: pytest.FixtureRequest) -> Iterator[
         yield
         return
     request.getfixturevalue("npu_emulator")
-    from ascend_patch_transformers import attention_rules
+    from ascend_patch_transformers import groups
 
     served = "transformers.integrations.npu_flash_attention"
-    rules = [rule for rule in attention_rules.import_rules() if rule.module == served]
+    rules = [rule for rule in groups.import_rules() if rule.module == served]
     if not rules or served in sys.modules:
         yield
         return

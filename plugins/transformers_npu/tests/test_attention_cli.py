@@ -110,7 +110,7 @@ def test_flash_attention_2_takes_transformers_npu_path(run):
     assert flash["selected"] == "flash_attention_2"
     _close(flash["logits"], results["sdpa"]["logits"])
     assert flash["tokens"] == results["sdpa"]["tokens"]
-    from ascend_patch_transformers.attention_rules import npu_integration_needs_einops
+    from ascend_patch_transformers.groups import npu_integration_needs_einops
 
     if npu_integration_needs_einops():  # transformers 4.51/4.52 without einops
         assert flash["callers"] == ["flash_attn_compat.py"]  # the einops-free stand-in

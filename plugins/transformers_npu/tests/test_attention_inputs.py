@@ -18,8 +18,8 @@ require_module("transformers")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from ascend_patch_transformers.groups_attention import NpuAttention  # noqa: E402
-from ascend_patch_transformers.groups_attention import import_rules  # noqa: E402
+from ascend_patch_transformers.groups import NpuAttention  # noqa: E402
+from ascend_patch_transformers.groups import import_rules  # noqa: E402
 
 
 FUSED = "ascend_patch_transformers.attention:npu_attention_forward"

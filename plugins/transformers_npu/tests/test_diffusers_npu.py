@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from ascend_patch_transformers.groups_runtime import DiffusersAttention
-from ascend_patch_transformers.groups_runtime import DiffusersRMSNorm
+from ascend_patch_transformers.groups import DiffusersAttention
+from ascend_patch_transformers.groups import DiffusersRMSNorm
 from hf_stacks import require_module
 
 

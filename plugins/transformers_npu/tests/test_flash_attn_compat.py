@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from ascend_patch_emulator import CallRecorder
 from ascend_patch_transformers import flash_attn_compat as fa
-from ascend_patch_transformers.groups_attention import import_rules
+from ascend_patch_transformers.groups import import_rules
 
 
 NQ, NKV, D = 4, 2, 16

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_runtime import VisionPatchify  # noqa: E402
+from ascend_patch_transformers.groups import VisionPatchify  # noqa: E402
 from ascend_patch_transformers.image_processing import narrow_permute_rewrite  # noqa: E402
 from ascend_patch_transformers.image_processing import on_npu  # noqa: E402
 from ascend_patch_transformers.image_processing import vision_patchify_hook  # noqa: E402
@@ -341,7 +341,7 @@ from ascend_patch_emulator import activate
 activate()
 import torch
 from ascend_patch_core import Patcher
-from ascend_patch_transformers.groups_runtime import VisionPatchify
+from ascend_patch_transformers.groups import VisionPatchify
 
 common = dict(do_resize=False, size=None, interpolation=None, do_rescale=True,
               rescale_factor=1 / 255, do_normalize=False, image_mean=None, image_std=None,

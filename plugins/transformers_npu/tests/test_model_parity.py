@@ -30,7 +30,7 @@ from hf_stacks import transformers_version
 require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_norms import GROUPS  # noqa: E402
+from ascend_patch_transformers.groups import NORMS_GROUPS as GROUPS  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 

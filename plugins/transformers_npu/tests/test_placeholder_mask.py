@@ -27,7 +27,7 @@ from hf_stacks import transformers_version
 transformers = require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_runtime import PlaceholderMaskCount  # noqa: E402
+from ascend_patch_transformers.groups import PlaceholderMaskCount  # noqa: E402
 from ascend_patch_transformers.placeholder_mask import counting_twin  # noqa: E402
 from ascend_patch_transformers.placeholder_mask import placeholder_mask_hook  # noqa: E402
 from ascend_patch_transformers.placeholder_mask import selected_numel  # noqa: E402

@@ -37,8 +37,8 @@ pytest.importorskip(
 )
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_norms import GROUPS as NORM_GROUPS  # noqa: E402
-from ascend_patch_transformers.groups_runtime import PlaceholderMaskCount  # noqa: E402
+from ascend_patch_transformers.groups import NORMS_GROUPS as NORM_GROUPS  # noqa: E402
+from ascend_patch_transformers.groups import PlaceholderMaskCount  # noqa: E402
 from test_model_parity import _CLI  # noqa: E402
 from test_model_parity import _TINY  # noqa: E402
 from transformers import Qwen3VLConfig  # noqa: E402

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ascend_patch_transformers.groups_attention import GROUPS as ATTENTION
-from ascend_patch_transformers.groups_norms import GROUPS as NORMS
-from ascend_patch_transformers.groups_runtime import GROUPS as RUNTIME
+from ascend_patch_transformers.groups import ATTENTION_GROUPS as ATTENTION
+from ascend_patch_transformers.groups import NORMS_GROUPS as NORMS
+from ascend_patch_transformers.groups import RUNTIME_GROUPS as RUNTIME
 from hf_stacks import require_module
 
 

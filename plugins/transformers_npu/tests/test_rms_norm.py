@@ -18,7 +18,7 @@ from hf_stacks import require_module
 require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_norms import TransformersRMSNorm  # noqa: E402
+from ascend_patch_transformers.groups import TransformersRMSNorm  # noqa: E402
 from ascend_patch_transformers.rms_norm import excluded_rms_norms  # noqa: E402
 from ascend_patch_transformers.rms_norm import rms_norm_hook  # noqa: E402
 from ascend_patch_transformers.rms_norm import rms_norm_patched_classes  # noqa: E402

@@ -16,7 +16,7 @@ from hf_stacks import transformers_version
 require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_norms import TransformersRotary  # noqa: E402
+from ascend_patch_transformers.groups import TransformersRotary  # noqa: E402
 from ascend_patch_transformers.rotary import rotary_hook  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 

@@ -16,7 +16,7 @@ from hf_stacks import transformers_version
 require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_norms import TransformersSwiGLU  # noqa: E402
+from ascend_patch_transformers.groups import TransformersSwiGLU  # noqa: E402
 from ascend_patch_transformers.swiglu import swiglu_hook  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 

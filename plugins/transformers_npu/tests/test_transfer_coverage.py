@@ -44,8 +44,7 @@ def npu_stack() -> Iterator[Any]:
     """The emulator, the torch plugin's groups and this plugin's runtime and attention groups."""
     import ascend_patch_emulator
     from ascend_patch_torch import plugin as torch_plugin
-    from ascend_patch_transformers import groups_attention
-    from ascend_patch_transformers import groups_runtime
+    from ascend_patch_transformers import groups as hf_groups
 
     from ascend_patch_core import Patcher
 
@@ -54,10 +53,14 @@ def npu_stack() -> Iterator[Any]:
     patcher = Patcher(autoload=False)
     # The attention groups too: on 4.51/4.52 with an NPU, importing transformers.modeling_utils
     # (peft does) needs einops unless the attention import rules serve it, as apply() does for users.
-    groups = (*torch_plugin.register_patches(), *groups_runtime.GROUPS, *groups_attention.GROUPS)
+    groups = (
+        *torch_plugin.register_patches(),
+        *hf_groups.RUNTIME_GROUPS,
+        *hf_groups.ATTENTION_GROUPS,
+    )
     for group in groups:
         patcher.add(group)
-    patcher.add(*groups_attention.import_rules())
+    patcher.add(*hf_groups.import_rules())
     patcher.apply()
     _clear_caches()
     try:

@@ -20,7 +20,7 @@ from hf_stacks import require_module
 transformers = require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.groups_norms import TransformersRotary  # noqa: E402
+from ascend_patch_transformers.groups import TransformersRotary  # noqa: E402
 from ascend_patch_transformers.vision_rotary import vision_rotary_hook  # noqa: E402
 
 # Imported here, outside the emulator: 4.51's flash-attention utilities, imported under
