@@ -17,13 +17,14 @@ gate and the up projection side by side in one tensor. Found by a pattern hook o
 
       gate, up = gate_up_proj(x).chunk(2, dim=-1); down_proj(up * activation_fn(gate))
 
-  served as ``down_proj(npu_swiglu(gate_up_proj(x)))``, no copy;
+  served as ``down_proj(npu_swiglu(gate_up_proj(x)))``, no copy (but see below for a
+  strided projection);
 * stacked experts multiplied by ``bmm`` (Llama-4's ``Llama4TextExperts``, 4.51-5.x)::
 
       gate_up = bmm(x.view(E, -1, H), gate_up_proj); gate, up = gate_up.chunk(2, -1)
       bmm(up * act_fn(gate), down_proj).view(-1, H)
 
-  served as ``bmm(npu_swiglu(gate_up), down_proj)``, no copy.
+  served as ``bmm(npu_swiglu(gate_up), down_proj)``, no copy (likewise).
 
 transformers 5.x also holds the experts of most MoE families (Qwen3-MoE, Qwen2-MoE,
 Mixtral, OLMoE, DeepSeek-V2/V3, ...) as one module of stacked weights decorated with
@@ -42,6 +43,12 @@ served as ``npu_swiglu(gate_up)``: the gate is the first half, as the op wants, 
 call on the projection's output, no copy. Clamped gates (GPT-OSS, DeepSeek-V4, ...)
 are other formulas and take no patch; the eager loop is not served; nor are experts
 declared ``has_gate=False`` (NemotronH's), which never call ``_apply_gate``.
+
+``npu_swiglu`` takes contiguous inputs only. ``cat``'s result is contiguous; the fused
+and stacked forwards hand the op their projection's output through ``.contiguous()``,
+free when it already is (a Linear's, bmm's) and a copy only when a LoRA or quantized
+layer returned a strided one, which the runtime check cannot see before it is computed;
+``_apply_gate``'s runtime check sees its argument, so a strided one runs the original.
 
 The runtime check wants an NPU float16/bfloat16/float32 input of 1-7 dims (1-8 for the
 experts; ``_apply_gate``'s input also contiguous with an even last dim) and an
@@ -186,8 +193,10 @@ def _stacked_check(self: Any, hidden_states: Any) -> bool:
 
 
 def _gate_check(self: Any, gate_up_out: Any) -> bool:
-    # The op wants a contiguous input with an even last dim; grouped_mm's and batched_mm's
-    # outputs are contiguous, anything else runs the original rather than pay a copy.
+    # The op takes contiguous inputs only, with an even last dim. Here, unlike the fused
+    # and stacked forwards, the tensor is an argument the check sees before anything is
+    # computed: grouped_mm's and batched_mm's outputs are contiguous, and anything else
+    # runs the original, which needs no copy (chunk gives views), counted as a fallback.
     return (
         _input_ok(gate_up_out, max_dims=8)
         and gate_up_out.shape[-1] % 2 == 0
@@ -199,7 +208,7 @@ def _gate_check(self: Any, gate_up_out: Any) -> bool:
 @with_imports(("torch_npu", "npu_swiglu"))
 def _separate_forward(self: Any, x: Any) -> Any:
     torch = sys.modules["torch"]
-    gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), -1)
+    gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), -1)  # cat's result: contiguous
     return self.down_proj(npu_swiglu(gate_up, dim=-1))
 
 
@@ -212,8 +221,13 @@ def _separate_w_forward(self: Any, hidden_states: Any) -> Any:
 
 @with_imports(("torch_npu", "npu_swiglu"))
 def _fused_forward(self: Any, hidden_states: Any) -> Any:
-    # npu_swiglu wants a contiguous input: a Linear's output is.
-    return self.down_proj(npu_swiglu(self.gate_up_proj(hidden_states), dim=-1))
+    # npu_swiglu takes contiguous inputs only. A Linear's output is; a LoRA or quantized
+    # layer in gate_up_proj's place may return a strided one, known only once computed
+    # (the runtime check cannot see it): .contiguous() copies then and costs nothing
+    # otherwise. Chosen over computing the eager gate there: the gate rounds the same way
+    # whatever layer produced gate_up, the copy writes no more than the eager gate's two
+    # intermediates would, and the counters stay true (the op ran).
+    return self.down_proj(npu_swiglu(self.gate_up_proj(hidden_states).contiguous(), dim=-1))
 
 
 def _stacked(experts: Any) -> int:
@@ -231,7 +245,10 @@ def _stacked_forward(count: Any) -> Any:
     def forward(self: Any, hidden_states: Any) -> Any:
         torch = sys.modules["torch"]
         hidden_states = hidden_states.view(count(self), -1, self.hidden_size)
-        gate_up = torch.bmm(hidden_states, self.gate_up_proj)  # contiguous
+        # bmm's result is contiguous as torch computes it; .contiguous() (free then) keeps
+        # npu_swiglu's contiguous-only rule should a quantized weight's bmm return a
+        # strided one (see _fused_forward for why a copy rather than the eager gate).
+        gate_up = torch.bmm(hidden_states, self.gate_up_proj).contiguous()
         return torch.bmm(npu_swiglu(gate_up, dim=-1), self.down_proj).view(-1, self.hidden_size)
 
     return forward

@@ -6,6 +6,7 @@ CPU tensor is an NPU tensor.
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import pytest
@@ -276,3 +277,31 @@ def test_mixtral_4x_experts_match(npu_emulator, isolated_patcher, assert_parity,
     assert_parity(lambda x: original(mlp, x), lambda x: type(mlp).forward(mlp, x), x)
     counters = _counters(isolated_patcher, f"{module.__name__}:MixtralBlockSparseTop2MLP.forward")
     assert (counters.replacement_calls, counters.fallback_calls) == (1, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_projection_outputs_reach_the_op_contiguous(
+    npu_emulator, isolated_patcher, assert_parity, dtype
+):
+    # npu_swiglu takes contiguous inputs only. A LoRA or quantized layer in a projection's
+    # place may return a strided tensor, seen only once computed: the fused (Phi-3) and
+    # stacked (Llama-4) forwards copy it then, and still match the original.
+    from op_envelope import OpEnvelope
+    from op_envelope import StridedResults
+    from transformers import Llama4TextConfig
+
+    _, phi3 = _mlp("phi3", "Phi3MLP", dtype)
+    llama4 = importlib.import_module("transformers.models.llama4.modeling_llama4")
+    cfg = Llama4TextConfig(hidden_size=32, intermediate_size=24, num_local_experts=3)
+    experts = llama4.Llama4TextExperts(cfg)
+    for param in experts.parameters():
+        torch.nn.init.normal_(param, std=0.2)
+    experts.to(dtype)
+    originals = [(phi3, type(phi3).forward), (experts, type(experts).forward)]
+    isolated_patcher.add(TransformersSwiGLU).apply()
+    for module, original in originals:
+        x = torch.randn(3 * 4, 32, dtype=dtype)
+        with StridedResults(), OpEnvelope() as envelope:
+            assert_parity(functools.partial(original, module), module.forward, x)
+        (call,) = envelope.of("npu_swiglu")
+        assert call.violations == (), call
