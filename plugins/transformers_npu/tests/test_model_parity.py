@@ -200,6 +200,9 @@ def _distance(actual, expected):
     return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
+_MOE = {"qwen3_moe"}  # the architectures above whose MLPs route tokens to experts
+
+
 class _Routing:
     """The router logits of each MoE layer (modules named ``*.mlp.gate``) in one forward."""
 
@@ -288,6 +291,11 @@ def test_tiny_model_parity_bf16(npu_emulator, isolated_patcher, arch):
     assert abs(loss.item() - expected[1].item()) <= 2e-3
     _assert_same_greedy_tokens(expected_greedy, greedy)
     top_k = getattr(model.config, "num_experts_per_tok", 0)
+    if arch in _MOE:  # else the routing check below would silently compare nothing
+        experts = model.config.num_experts
+        assert top_k > 0 and before.logits, f"{arch}: no top-k or no *.mlp.gate router recorded"
+        assert before.logits.keys() == after.logits.keys()
+        assert all(logits.shape[-1] == experts for logits in before.logits.values())
     moved = _assert_routing_flip_is_a_near_tie(before, after, top_k) if top_k else None
     # This test's seeds route every token alike, so the gradients are compared; a
     # platform whose rounding flips a near tie gets here with the tie already checked.
