@@ -14,9 +14,7 @@ another association order, so only the last bits may move; greedy tokens exactly
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from hf_stacks import require_module
+from hf_stacks import run_emulated
 from hf_stacks import transformers_version
 
 
@@ -311,9 +310,6 @@ def test_tiny_model_parity_bf16(npu_emulator, isolated_patcher, arch):
     assert calls.get("swiglu", (0, 0))[0] > 0 or not _swiglu_applies(arch)
 
 
-_SCRIPT = shutil.which("ascend-patch", path=str(Path(sys.executable).parent))
-_CLI = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "ascend_patch_core._cli"]
-
 _PROGRAM = """
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -329,29 +325,7 @@ model(input_ids=ids, labels=ids).loss.backward()
 
 
 def _run(tmp_path: Path, *options: str) -> dict[str, dict]:
-    (tmp_path / "tiny_qwen3.py").write_text(textwrap.dedent(_PROGRAM))
-    report = tmp_path / "report.json"
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    env.pop("ASCEND_PATCH_ENABLE", None)
-    done = subprocess.run(
-        [
-            *_CLI,
-            "run",
-            "--emulate-npu",
-            *options,
-            "--report",
-            str(report),
-            str(tmp_path / "tiny_qwen3.py"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
-    (process,) = json.loads(report.read_text())["processes"]
-    return {r["name"]: r for r in process["report"]["records"]}
+    return run_emulated(tmp_path, "tiny_qwen3.py", textwrap.dedent(_PROGRAM), *options)
 
 
 @pytest.mark.slow

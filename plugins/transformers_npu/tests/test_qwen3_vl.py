@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
-import os
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 from hf_stacks import require_module
+from hf_stacks import run_emulated
 from hf_stacks import transformers_version
 
 
@@ -39,7 +37,6 @@ pytest.importorskip(
 import torch  # noqa: E402
 from ascend_patch_transformers.groups import NORMS_GROUPS as NORM_GROUPS  # noqa: E402
 from ascend_patch_transformers.groups import PlaceholderMaskCount  # noqa: E402
-from test_model_parity import _CLI  # noqa: E402
 from test_model_parity import _TINY  # noqa: E402
 from transformers import Qwen3VLConfig  # noqa: E402
 from transformers import Qwen3VLForConditionalGeneration  # noqa: E402
@@ -286,30 +283,13 @@ model(**inputs, labels=ids).loss.backward()
 @pytest.mark.slow
 def test_cli_qwen3_vl_takes_the_npu_paths(tmp_path):
     """The way a user runs it: ``ascend-patch run --emulate-npu --enable ...`` on a script."""
-    (tmp_path / "tiny_qwen3_vl.py").write_text(_PROGRAM)
-    report = tmp_path / "report.json"
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    env.pop("ASCEND_PATCH_ENABLE", None)
-    done = subprocess.run(
-        [
-            *_CLI,
-            "run",
-            "--emulate-npu",
-            "--enable",
-            "TransformersRMSNorm,TransformersRotary",
-            "--report",
-            str(report),
-            str(tmp_path / "tiny_qwen3_vl.py"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=tmp_path,
+    records = run_emulated(
+        tmp_path,
+        "tiny_qwen3_vl.py",
+        _PROGRAM,
+        "--enable",
+        "TransformersRMSNorm,TransformersRotary",
     )
-    assert done.returncode == 0, done.stderr
-    (process,) = json.loads(report.read_text())["processes"]
-    records = {r["name"]: r for r in process["report"]["records"]}
     for target, calls in (
         ("apply_rotary_pos_emb_vision", 2),  # one per vision block
         ("apply_rotary_pos_emb", 2),  # one per text layer
