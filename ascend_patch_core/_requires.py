@@ -20,6 +20,13 @@ from ._metadata import normalize_name
 __all__ = ["check_requirement", "override_version"]
 
 _HEAD = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*$"
+#: The shape of a PEP 440 specifier list (``>=4.51,<6``), for a distribution that is not
+#: installed: its answer needs no version logic, so packaging is not imported to parse
+#: it; a text of another shape still goes to packaging, which says what is wrong.
+_SPECIFIERS = re.compile(
+    r"\s*(?:~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9][A-Za-z0-9.*+!_-]*\s*"
+    r"(?:,\s*(?:~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9][A-Za-z0-9.*+!_-]*\s*)*"
+)
 
 
 #: Versions announced by extensions, by normalized distribution name: what such a
@@ -100,7 +107,17 @@ def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
         # A bare name ("torch-npu") needs no version logic: installed is enough, and
         # packaging (~10 ms to import) stays unimported. Answers about an overridden
         # distribution (torch-npu under the emulator) are never cached, so this
-        # matters on every run.
+        # matters on every run. Nor does a specifier of a distribution that is not
+        # installed ("transformers>=4.51,<6" without transformers): on a cache miss,
+        # most plugin groups ask about libraries the program does not have.
+        absent = (
+            match.group(2)
+            and _SPECIFIERS.fullmatch(match.group(2))
+            and (_overrides.get(normalize_name(name)) if _overrides else None) is None
+            and cache.version(name) is None
+        )
+        if absent:
+            return False, f"{name} is not installed"
         if match.group(2):
             from packaging.specifiers import InvalidSpecifier
             from packaging.specifiers import SpecifierSet

@@ -137,3 +137,38 @@ def test_a_bare_distribution_name_is_checked_without_packaging(
         "apx-never-installed-dist is not installed",
     )
     assert check_requirement("apx-never-installed-dist | pluggy", cache)[0]
+
+
+def test_a_version_range_of_an_absent_distribution_is_checked_without_packaging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """requires='dist>=1,<2' where dist is not installed: "not installed", packaging unimported.
+
+    Most of a plugin's groups name libraries a program does not have (the transformers
+    groups in an mmcv program); on a cache miss, parsing their ranges imported packaging
+    (~10 ms) for answers that need no version.
+    """
+    import sys
+
+    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._requires import check_requirement
+
+    for name in [m for m in sys.modules if m == "packaging" or m.startswith("packaging.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "packaging", None)  # any import of it now raises
+    monkeypatch.setenv("ASCEND_PATCH_CACHE", "0")
+    cache = MetadataCache()
+    for text in ("apx-never-installed-dist>=4.51,<6", "apx-never-installed-dist ==1.0.*"):
+        assert check_requirement(text, cache) == (
+            False,
+            "apx-never-installed-dist is not installed",
+        )
+
+
+def test_a_malformed_range_of_an_absent_distribution_is_still_reported() -> None:
+    """The fast path takes only well-formed ranges: a malformed one is parsed and named."""
+    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._requires import check_requirement
+
+    ok, why = check_requirement("apx-never-installed-dist>>1", MetadataCache())
+    assert not ok and why.startswith("invalid requirement 'apx-never-installed-dist>>1'")
