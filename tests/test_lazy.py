@@ -133,6 +133,29 @@ def test_apply_with_the_installed_plugins_loads_no_rule_machinery(tmp_path: Path
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+def test_a_cache_miss_without_the_plugins_libraries_imports_no_packaging(tmp_path: Path) -> None:
+    """The first run after an install, in a program without OpenMMLab or Hugging Face: the
+    plugins' version ranges name absent libraries first, so no answer needs packaging (~10 ms)."""
+    import importlib.util
+
+    libraries = ("mmcv", "mmengine", "mmdet", "mmdet3d", "transformers", "diffusers", "accelerate")
+    if any(importlib.util.find_spec(name) for name in libraries):
+        pytest.skip("a plugin's library is installed: its version range needs packaging")
+    code = (
+        "import sys, ascend_patch_core; ascend_patch_core.apply(); "
+        "print('packaging' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(_subprocess_env(tmp_path), ASCEND_PATCH_CACHE="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_import_alone_in_subprocess_imports_no_heavy_library(tmp_path: Path) -> None:
     """`import ascend_patch_core` by itself imports none of the target libraries."""
     code = f"import sys, ascend_patch_core; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"

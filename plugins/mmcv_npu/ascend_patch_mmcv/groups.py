@@ -43,8 +43,10 @@ class MmengineCheckpointNumpy(Patch):
     """
 
     # torch >= 2.6: where weights_only became the default. mmengine 0.10.x: the loader
-    # this wraps (CheckpointLoader.load_checkpoint); tested with 0.10.7.
-    requires = ("torch>=2.6", "mmengine>=0.10,<0.11")
+    # this wraps (CheckpointLoader.load_checkpoint); tested with 0.10.7. mmengine first:
+    # requirements are checked in order, and without mmengine the answer then needs no
+    # version logic (packaging stays unimported on a cache miss).
+    requires = ("mmengine>=0.10,<0.11", "torch>=2.6")
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
