@@ -134,13 +134,14 @@ class Installer:
                     self._wait_for(entry, candidate)
                 entry.record.set(PENDING, f"waiting for import of {found.module}")
         # Another thread may have started importing the module between resolve() and
-        # watch(): its loader is then not wrapped, so no callback will come. Wait for
-        # that import to finish and look again.
+        # watch() -- or even finished it: its loader was then not wrapped, so no callback
+        # will come. Wait for an import under way to finish and look again. (Looking
+        # twice is harmless: an entry that is no longer open is not advanced.)
         if import_in_progress(found.module):
             wait_for_import(found.module)
-            module = sys.modules.get(found.module)
-            if module is not None and not initializing(module):
-                self._on_import(entry, found.module)
+        module = sys.modules.get(found.module)
+        if module is not None and not initializing(module):
+            self._on_import(entry, found.module)
 
     def _target_missing(self, entry: Entry, found: Missing) -> None:
         unfinished = initializing_prefixes(entry.patch.path)
