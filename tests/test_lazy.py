@@ -60,6 +60,19 @@ def _subprocess_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _output(tmp_path: Path, code: str, **env: str) -> list[str]:
+    """Run ``code`` in a fresh interpreter (the test environment, plus ``env``); its stdout lines."""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(_subprocess_env(tmp_path), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
+
+
 # ----------------------------------------------------------------------------- nothing imported
 
 
@@ -69,15 +82,8 @@ def test_apply_in_subprocess_imports_no_heavy_library(tmp_path: Path) -> None:
         "import sys, ascend_patch_core; ascend_patch_core.apply(); "
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_subprocess_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    lines = _output(tmp_path, code)
+    assert lines[-1] == "[]"
 
 
 def test_rarely_used_core_modules_load_on_first_use(tmp_path: Path) -> None:
@@ -95,15 +101,8 @@ def test_rarely_used_core_modules_load_on_first_use(tmp_path: Path) -> None:
         "assert SkipImport('apx_lazy_probe').module == 'apx_lazy_probe'\n"
         f"print(sorted(m for m in {lazy!r} if m in sys.modules))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(_subprocess_env(tmp_path), ASCEND_PATCH_AUTOLOAD="0"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    before, after = out.stdout.strip().splitlines()[-2:]
+    lines = _output(tmp_path, code, ASCEND_PATCH_AUTOLOAD="0")
+    before, after = lines[-2:]
     assert before == "[]"
     assert after == str(sorted(lazy[:2]))
 
@@ -122,15 +121,8 @@ def test_apply_with_the_installed_plugins_loads_no_rule_machinery(tmp_path: Path
         "import sys, ascend_patch_core; ascend_patch_core.apply(); "
         "print('ascend_patch_core._rules' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_subprocess_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    lines = _output(tmp_path, code)
+    assert lines[-1] == "False"
 
 
 def test_a_cache_miss_without_the_plugins_libraries_imports_no_packaging(tmp_path: Path) -> None:
@@ -145,29 +137,15 @@ def test_a_cache_miss_without_the_plugins_libraries_imports_no_packaging(tmp_pat
         "import sys, ascend_patch_core; ascend_patch_core.apply(); "
         "print('packaging' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(_subprocess_env(tmp_path), ASCEND_PATCH_CACHE="0"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    lines = _output(tmp_path, code, ASCEND_PATCH_CACHE="0")
+    assert lines[-1] == "False"
 
 
 def test_import_alone_in_subprocess_imports_no_heavy_library(tmp_path: Path) -> None:
     """`import ascend_patch_core` by itself imports none of the target libraries."""
     code = f"import sys, ascend_patch_core; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_subprocess_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    lines = _output(tmp_path, code)
+    assert lines == ["[]"]
 
 
 def test_apply_imports_no_target_in_process(make_package: PackageFactory, patcher: Patcher) -> None:
