@@ -26,9 +26,11 @@ def test_one_mask_per_device_for_both_attention_paths() -> None:
     causal_mask.release()
     first = causal_mask.compressed_causal_mask(torch.device("cpu"))
     assert causal_mask.compressed_causal_mask(torch.device("cpu")) is first
-    # The attention interface and the flash_attn stand-in ask the same cache.
+    # The flash_attn stand-in hands the op the cached mask (causal, and a sliding window)...
+    for window in ((-1, -1), (3, 0)):
+        assert flash_attn_compat._band(True, window, torch.device("cpu"))["atten_mask"] is first
+    # ... and the attention interface asks the same cache.
     assert attention.compressed_causal_mask is causal_mask.compressed_causal_mask
-    assert flash_attn_compat.compressed_causal_mask is causal_mask.compressed_causal_mask
 
 
 def test_release_forgets_the_masks() -> None:
