@@ -60,8 +60,13 @@ __all__ = [
 #: Where the pattern hooks look (``fnmatch``); source_shapes.MODELING_MODULES says the same.
 MODELING_MODULES = "transformers.models.*.modeling_*"
 
-#: The versions the norms groups support, and an NPU runtime (the emulator counts as one).
-TRANSFORMERS_NPU = ("transformers>=4.51,<6", "torch>=2.1", "torch-npu")
+#: The transformers releases the plugin supports (4.51 to 5.x): the library first, so a
+#: program without it needs no version logic (requirements are checked in order).
+TRANSFORMERS = "transformers>=4.51,<6"
+#: Where an NPU runtime exists (torch_npu, or the emulator, which announces its version).
+NPU_RUNTIME = "torch-npu"
+#: The groups that run torch code of their own: transformers, torch, an NPU runtime.
+TRANSFORMERS_NPU = (TRANSFORMERS, "torch>=2.1", NPU_RUNTIME)
 
 # ---------------------------------------------------------------------------- runtime
 
@@ -121,7 +126,7 @@ class PlaceholderMaskCount(Patch):
     :mod:`ascend_patch_transformers.placeholder_mask`.
     """
 
-    requires = ("transformers>=4.51,<6", "torch-npu")
+    requires = (TRANSFORMERS, NPU_RUNTIME)
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
@@ -141,7 +146,7 @@ class VisionPatchify(Patch):
     """
 
     #: torch-npu: the rewritten methods run only on NPU inputs (the emulator counts).
-    requires = ("transformers>=4.51,<6", "torch>=2.1", "torch-npu")
+    requires = TRANSFORMERS_NPU
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[ModuleHook]:
@@ -153,11 +158,6 @@ class VisionPatchify(Patch):
 
 
 # -------------------------------------------------------------------------- attention
-
-#: The transformers releases the attention groups support (4.51 to 5.x).
-TRANSFORMERS = "transformers>=4.51,<6"
-#: Where an NPU runtime exists (torch_npu, or the emulator, which announces its version).
-NPU_RUNTIME = "torch-npu"
 
 
 class NpuAttention(Patch):
