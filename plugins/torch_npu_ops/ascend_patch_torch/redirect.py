@@ -130,8 +130,51 @@ _KEYWORD_FACTORIES = (
 _DEVICE_KW = (device(ints=True),)
 
 
+def _unpatched(function: Any) -> Any:
+    """The original behind ``function``'s runtime_check wrappers (any patcher's), or itself."""
+    while True:
+        # Only an attribute of the function itself: a class-level __getattr__ could answer anything.
+        inner = (getattr(function, "__dict__", None) or {}).get("__ascend_patch_original__")
+        if inner is None:
+            return function
+        function = inner
+
+
+def _constructors_of_originals(original: Callable[[], Any]) -> Callable[[], Any]:
+    """``torch.utils._device._device_constructors`` answering with the unpatched factories.
+
+    ``with torch.device(X)`` and ``torch.set_default_device(X)`` push a
+    ``DeviceContext`` mode whose ``__torch_function__`` adds ``device=X`` only when
+    ``func in _device_constructors()``. ``func`` is always torch's own builtin (the
+    C++ dispatch hands the mode the function of ``torch._C._VariableFunctions``),
+    but torch builds that set, once (``lru_cache``), from the *current*
+    ``torch.empty``, ``torch.zeros``, ...: built while this group's wrappers sit
+    there, it holds the wrappers, and no factory gets the context's device any more
+    -- in the whole process, and after revert(), since the cache outlives the patch.
+    This replacement builds the same set from torch's undecorated function and
+    unwraps every member, so the set is torch's own whenever it is built, and
+    torch's cache is not filled through ``torch.utils._device`` while the factories
+    are wrapped: revert() puts back torch's function with its cache as it was. (A
+    module that imported torch's function before apply() -- torch._inductor.codecache
+    does -- still calls torch's own; the core leaves torch's modules alone.)
+    """
+    build = getattr(original, "__wrapped__", original)
+
+    @functools.lru_cache(1)
+    def _device_constructors() -> set[Any]:
+        return {_unpatched(function) for function in build()}
+
+    return _device_constructors
+
+
 def factory_devices_patches(options: Any = None) -> Iterator[AtomicPatch]:
     """The patches of :class:`ascend_patch_torch.groups.FactoryDevices`."""
+    # First: the factories wrapped below must keep honouring `with torch.device(...)`.
+    yield AtomicPatch(
+        "torch.utils._device._device_constructors",
+        target_wrapper=_constructors_of_originals,
+        precheck=npu_runtime_importable,
+    )
     for name in _KEYWORD_FACTORIES:
         yield redirect_patch(f"torch.{name}", _DEVICE_KW)
     yield redirect_patch("torch._pin_memory", (device(1),))

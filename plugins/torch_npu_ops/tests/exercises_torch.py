@@ -203,6 +203,18 @@ def _generator_event(fn: Any, ctx: Ctx) -> None:
         torch.testing.assert_close(x, torch.randn(3, generator=torch.Generator().manual_seed(5)))
 
 
+@exercise("torch.utils._device._device_constructors")
+def _device_constructors(fn: Any, ctx: Ctx) -> None:
+    # torch's DeviceContext adds its device only to the functions in this list: the
+    # builtins themselves, never the wrappers now standing at torch.zeros & co.
+    listed = fn()
+    assert torch.zeros is not torch._C._VariableFunctions.zeros
+    assert torch._C._VariableFunctions.zeros in listed
+    assert torch.zeros not in listed
+    with torch.device("meta"):
+        assert torch.zeros(2).device.type == "meta"
+
+
 @exercise("torch.utils._device.DeviceContext.__init__")
 def _device_context(fn: Any, ctx: Ctx) -> None:
     with torch.device(C0):
