@@ -172,6 +172,50 @@ def test_torch_npu_runtime(npu_emulator):
     assert npu.is_bf16_supported()
 
 
+#: The names torch_npu binds on ``_NPUDeviceProperties`` (``torch_npu/csrc/npu/Module.cpp``,
+#: 2.1 to 2.14; the 2.13.0 wheel's libtorch_npu.so carries each of them).
+NPU_PROPERTY_NAMES = [
+    "name",
+    "total_memory",
+    "cube_core_num",
+    "vector_core_num",
+    "L2_cache_size",
+    "major",
+    "minor",
+    "is_multi_gpu_board",
+    "is_integrated",
+    "multi_processor_count",
+    "max_threads_per_multi_processor",
+    "warp_size",
+    "regs_per_multiprocessor",
+    "gcnArchName",
+    "uuid",
+]
+
+
+def test_device_properties_are_torch_npus_object(npu_emulator):
+    """Every name torch_npu's object has, with its values: the CUDA/ROCm ones are None there.
+
+    inductor's cache key reads ``gcnArchName`` once ``torch.cuda`` answers for the NPU; the
+    emulated object lacked it and every ``torch.compile`` failed (issue #22).
+    """
+    props = torch.npu.get_device_properties(0)
+    for name in NPU_PROPERTY_NAMES:
+        assert hasattr(props, name), name
+    for name in ("major", "minor", "gcnArchName", "warp_size", "regs_per_multiprocessor"):
+        assert getattr(props, name) is None, name
+    assert props.name == torch.npu.get_device_name(0)
+    assert props.total_memory > 0 and props.emulated
+    assert props.cube_core_num >= 1 and props.vector_core_num >= 1
+    assert len(props.uuid.bytes) == 16 and len(str(props.uuid)) == 36
+    assert repr(props).startswith(f"_NPUDeviceProperties(name='{props.name}', total_memory=")
+    with pytest.raises(AttributeError):
+        props.name = "read-only, as torch_npu's binding"
+    assert torch.npu.get_device_properties("npu:0") == props
+    with pytest.raises(RuntimeError, match="invalid NPU device ordinal 3"):
+        torch.npu.get_device_properties(3)
+
+
 def test_several_devices_and_the_device_context(npu_emulator):
     npu_emulator.deactivate()
     with emulator.activate(device_count=4):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import Any
-from typing import NamedTuple
 
 import torch
 
@@ -34,6 +33,8 @@ from ._runtime_graphs import graph_pool_handle as graph_pool_handle
 from ._runtime_graphs import is_current_stream_capturing as is_current_stream_capturing
 from ._runtime_graphs import not_while_capturing
 from ._runtime_mstx import mstx as mstx
+from ._runtime_properties import NPUDeviceProperties
+from ._runtime_properties import device_properties
 from ._runtime_state import config as config
 from ._runtime_state import conv as conv
 from ._runtime_state import device_index
@@ -153,16 +154,9 @@ def get_device_capability(device: Any = None) -> None:
     return None
 
 
-class _DeviceProperties(NamedTuple):
-    name: str
-    total_memory: int
-    multi_processor_count: int
-    emulated: bool
-
-
-def get_device_properties(device: Any = None) -> _DeviceProperties:
-    device_index(device)
-    return _DeviceProperties(DEVICE_NAME, host_memory()[1], 1, True)
+def get_device_properties(device: Any = None) -> NPUDeviceProperties:
+    """torch_npu's properties object (every name it binds: see ``_runtime_properties``)."""
+    return device_properties(device_index(device), DEVICE_NAME, host_memory()[1])
 
 
 def is_bf16_supported() -> bool:
