@@ -12,6 +12,11 @@ check there costs about a microsecond per indexing (``benchmarks`` entry
 ``torch_plugin_tensor_index``). The check rejects anything but a bare bool tensor
 with two type tests, but the patch is still **opt-in**
 (``ASCEND_PATCH_ENABLE=TensorIndex``), as the docs say.
+
+A Python ``__getitem__`` on ``torch.Tensor`` also turns every tensor class into a
+C-level sequence, which changes ``torch.tensor([torch.tensor(1), ...])`` and outlived
+revert(); :mod:`._sequence_slot` says why and how the group's second patch (the
+subclass hook) keeps them non-sequences, exactly as plain torch has them.
 """
 
 from __future__ import annotations
@@ -21,11 +26,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
+from ascend_patch_core import SkipPatch
 
+from ._sequence_slot import clear_sequence_item
+from ._sequence_slot import inherits
+from ._sequence_slot import subclasses
+from ._sequence_slot import unsupported_reason
 from .runtime import npu_runtime_importable
 
 
 __all__ = ["is_bool_mask", "masked_index", "tensor_index_patches"]
+
+_GETITEM = "torch.Tensor.__getitem__"
 
 _tensor_type: Any = None
 _bool: Any = None
@@ -62,11 +74,58 @@ def masked_index(self: Any, index: Any) -> Any:
     return selected.reshape(rows, *trailing)
 
 
+def _getitem_can_be_patched() -> bool:
+    """``precheck``: an NPU runtime, and tensor classes that can be kept non-sequences."""
+    if not npu_runtime_importable():
+        return False
+    reason = unsupported_reason(sys.modules["torch"].Tensor)
+    if reason is not None:
+        raise SkipPatch(
+            f"x[mask] is left to torch: a patched Tensor.__getitem__ would make every tensor "
+            f"a sequence for torch.tensor() and this Python cannot undo that ({reason})"
+        )
+    return True
+
+
+def _keep_non_sequences(tensor: type) -> None:
+    """Plain torch's NULL ``sq_item`` for each tensor class finding the patched ``__getitem__``."""
+    installed = vars(tensor).get("__getitem__")
+    if installed is None:  # nothing is patched on Tensor itself
+        return
+    for klass in subclasses(tensor):
+        if inherits(klass, tensor, installed):
+            clear_sequence_item(klass)
+
+
+def _subclass_hook(original: Any) -> Any:
+    """``Tensor.__init_subclass__``: new tensor classes stay non-sequences too.
+
+    Installed right after ``Tensor.__getitem__`` (``after=``), it first brings every
+    existing tensor class (``Parameter``, FakeTensor, ...) to that state.
+    """
+    tensor = sys.modules["torch"].Tensor
+    _keep_non_sequences(tensor)
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        super(tensor, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+        installed = vars(tensor).get("__getitem__")
+        if installed is not None and inherits(cls, tensor, installed):
+            clear_sequence_item(cls)
+
+    return classmethod(__init_subclass__)
+
+
 def tensor_index_patches(options: Any = None) -> Iterator[AtomicPatch]:
     """The patches of :class:`ascend_patch_torch.groups.TensorIndex`."""
     yield AtomicPatch(
-        "torch.Tensor.__getitem__",
+        _GETITEM,
         masked_index,
         runtime_check=is_bool_mask,
+        precheck=_getitem_can_be_patched,
+    )
+    yield AtomicPatch(
+        "torch.Tensor.__init_subclass__",
+        target_wrapper=_subclass_hook,
         precheck=npu_runtime_importable,
+        after=_GETITEM,
     )
