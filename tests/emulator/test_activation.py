@@ -269,6 +269,9 @@ def test_default_version_falls_back_to_the_newest_with_a_warning(monkeypatch):
 
 
 def test_deactivate_restores_the_process():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    normalize_fake_device = FakeTensor.__dict__["_normalize_fake_device"]
     meta_path = list(sys.meta_path)
     hidden_before = {name for name in sys.modules if name.startswith("torch_npu")}
     handle = emulator.activate()
@@ -284,6 +287,7 @@ def test_deactivate_restores_the_process():
         importlib.import_module("torch_npu")
     assert not hasattr(torch.Tensor, "npu") and not hasattr(torch.Tensor, "is_npu")
     assert not hasattr(torch.nn.Module, "npu") and "to" not in torch.UntypedStorage.__dict__
+    assert FakeTensor.__dict__["_normalize_fake_device"] is normalize_fake_device
     # What torch cannot undo stays, inert: the backend name and a device module with no device.
     assert not torch.npu.is_available() and torch.npu.device_count() == 0
     assert not torch.accelerator.is_available()

@@ -45,6 +45,23 @@ def _fake_call(op, args, kwargs):
         return op(*fake_args, **fake_kwargs)
 
 
+def test_traced_npu_tensors_are_where_emulated_ones_are(emulated):
+    """A factory naming ``npu`` inside a compiled function met CPU inputs: "Tensor device
+    mismatch" under the emulator only (emulated NPU tensors are CPU tensors)."""
+    x = torch.randn(3, 4, device="npu")
+    with FakeTensorMode() as mode:
+        fake_x = mode.from_tensor(x)
+        made = torch.ones(4, device="npu") + fake_x
+        moved = torch.zeros(2).to("npu:0")
+    assert made.device == x.device == moved.device == torch.device("cpu")
+
+    def compute(x):
+        return x * torch.arange(x.shape[-1], device="npu") + torch.ones(1, device="npu")
+
+    traced = make_fx(compute, tracing_mode="fake")(x)
+    torch.testing.assert_close(traced(x), compute(x))
+
+
 def test_every_emulated_op_has_a_fake_kernel(emulated):
     from ascend_patch_emulator._tracing import installed_fakes
 

@@ -184,6 +184,31 @@ def _patch_storages() -> Undo:
     return _set_attributes(storage, {"to": to, "__new__": __new__})
 
 
+def _patch_fake_device() -> Undo:
+    """Tracing puts an ``npu`` tensor where the emulated one is: on the CPU.
+
+    Fake tensors (dynamo, ``torch.compile``, ``make_fx``) carry their device as a name:
+    ``torch.ones(2, device="npu")`` in a compiled function would be traced onto
+    ``npu:0``, next to inputs that -- being emulated NPU tensors -- are on the CPU, and
+    tracing fails with "Tensor device mismatch" where eager code runs. On an NPU both are
+    ``npu``; here both are the CPU, as they are when the code runs eagerly.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    found = FakeTensor.__dict__.get("_normalize_fake_device")
+    if not isinstance(found, staticmethod):  # another torch: nothing to hook
+        return lambda: None
+    normalize = found.__func__
+    cpu = torch.device("cpu")
+
+    def _normalize_fake_device(device: Any) -> Any:
+        return normalize(cpu if device.type == _BACKEND else device)
+
+    return _set_attributes(
+        FakeTensor, {"_normalize_fake_device": staticmethod(_normalize_fake_device)}
+    )
+
+
 def _set_attributes(owner: Any, values: dict[str, Any]) -> Undo:
     """Set attributes on a class; the undo restores or deletes each one exactly."""
     missing = object()
@@ -420,6 +445,7 @@ def install(npu: types.ModuleType) -> Undo:
             )
         )
     undos.append(_patch_storages())
+    undos.append(_patch_fake_device())
     undos.append(_patch_autocast())
     undos.append(_patch_autocast_queries())
     undos.append(_patch_generator())

@@ -80,7 +80,8 @@ MODEL = """
             position = torch.arange(x.shape[-1], device=x.device, dtype=x.dtype)
             scale = torch.full((x.shape[0], 1), 0.5, device=x.device)
             hidden = torch.nn.functional.gelu(self.first(x + position)) + x.new_zeros(16)
-            return self.second(hidden) * scale + torch.ones(4, device=x.device)
+            # CUDA-written code names the device too: the redirect makes it the NPU's.
+            return self.second(hidden) * scale + torch.ones(4, device="cuda")
 
     assert torch.cuda.is_available()  # CUDA-written code checks, then moves to "cuda"
     torch.manual_seed(0)
