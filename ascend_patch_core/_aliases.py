@@ -101,7 +101,7 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
         cancelled = entry.status is not APPLIED  # revert() ran meanwhile
         if not cancelled:
             site.installed_now(found, new_raw, new_inner, modules_before)
-            installer.log.append(site)
+            installer.log[site] = None
     if cancelled:
         if found.current() is new_raw:
             found.restore()

@@ -72,8 +72,9 @@ class Installer:
     def __init__(self, ledger: Ledger, strict: Callable[[], bool]) -> None:
         self.ledger = ledger
         self._strict = strict
-        #: Sites filled, in order (revert() replays it backwards).
-        self.log: list[Site] = []
+        #: Sites filled, in order (revert() replays it backwards); a dict used as an
+        #: ordered set, so that disable() takes one out without a search.
+        self.log: dict[Site, None] = {}
         #: The thread running apply(): entries it installs were imported before apply().
         self.applying_thread: int | None = None
         #: Entries installed during apply() whose stale references are yet to be looked for.
@@ -201,7 +202,7 @@ class Installer:
                 if e.record.status is APPLIED and e.slot is not None and e.slot.module == name
             ]
             for entry in on_module:
-                self.log.remove(entry)
+                self.log.pop(entry, None)
         for entry in on_module:
             restore_site(entry, self.ledger.warn)
         with self.ledger.lock:
@@ -408,7 +409,7 @@ class Installer:
             entry.slot, entry.installed, entry.installed_inner = slot, new_raw, entry.new_inner
         else:
             entry.installed_now(slot, new_raw, entry.new_inner, entry.modules_before)
-        self.log.append(entry)
+        self.log[entry] = None
         if immediate:
             self.stale_candidates.append(entry)
         record.status, record.reason = APPLIED, None

@@ -108,7 +108,7 @@ def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) ->
     Patcher's Activations to undo.)
     """
     with ledger.lock:
-        log, installer.log = installer.log, []
+        log, installer.log = installer.log, {}
         entries, hooks, legacy = ledger.clear()
         # Every entry leaves the game now, under the lock: a thread about to install
         # one (an import finishing right now) sees it reverted and stops, and one that
@@ -145,13 +145,12 @@ def undo_entries(ledger: Ledger, installer: Installer, names: set[str], reason: 
     with ledger.lock:
         # A group's other names (legacy_name, "tensor_index") mean the group.
         names = names | {ledger.group_aliases[n] for n in names if n in ledger.group_aliases}
-        victims = [e for e in ledger.entries if e.names & names and e.status not in NOT_APPLIED]
+        victims = [e for e in ledger.named(names) if e.status not in NOT_APPLIED]
     for entry in reversed(victims):
         with ledger.lock:
             sites = [s for s in (entry, *entry.alias_sites) if s.slot is not None]
             for site in sites:
-                if site in installer.log:
-                    installer.log.remove(site)
+                installer.log.pop(site, None)
             was_applied = entry.status is APPLIED
             installer.finish(entry, SKIPPED, reason)
         if was_applied:
