@@ -18,6 +18,7 @@ import threading
 import types
 from collections.abc import Iterable
 from typing import Any
+from typing import cast
 
 from ._errors import PatchError
 from ._patch import AtomicPatch
@@ -44,7 +45,10 @@ __all__ = [
     "Site",
     "Skip",
     "label",
+    "layers_lock",
     "own_modules",
+    "push_layer",
+    "top_layers",
     "who",
 ]
 
@@ -63,6 +67,9 @@ class Site:
     """One slot an entry installs into: its target (the entry itself) or an alias."""
 
     __slots__ = (
+        "_of",
+        "above",
+        "below",
         "earlier",
         "installed",
         "installed_inner",
@@ -72,8 +79,12 @@ class Site:
         "slot",
     )
 
-    def __init__(self, path: TargetPath) -> None:
+    def __init__(self, path: TargetPath, entry: Entry | None) -> None:
         self.path = path
+        self._of = entry
+        #: The layers next to it on its slot while installed (see :func:`push_layer`).
+        self.below: Site | None = None
+        self.above: Site | None = None
         self.slot: Slot | None = None
         #: What the slot holds now (raw: a staticmethod object for a staticmethod target).
         self.installed: Any = None
@@ -99,6 +110,12 @@ class Site:
             self.earlier.append((self.installed_inner, self.modules_before))
         self.slot, self.installed, self.installed_inner = slot, raw, inner
         self.modules_before = modules_before
+
+    @property
+    def entry(self) -> Entry:
+        """The entry whose patch this site installs (an entry's own site: the entry)."""
+        of = self._of
+        return of if of is not None else cast("Entry", self)
 
     def history(self) -> list[tuple[Any, frozenset[int]]]:
         """Every (inner object, modules loaded then) this site installed, oldest first."""
@@ -164,8 +181,9 @@ class Entry(Site):
         self.requires = (*patch.requires, *requires) if requires else patch.requires
         #: The patch's own ``after`` names, then its group's.
         self.after = (*patch.after, *after) if after else patch.after
-        self.alias_sites = [Site(p) for p in patch.alias_paths] if patch.alias_paths else ()
+        self.alias_sites = [Site(p, self) for p in patch.alias_paths] if patch.alias_paths else ()
         self.path = patch.path
+        self._of = self.below = self.above = None
         self.claimed = False
         self.verdicts = self.deps = self.dependents = ()
         self.watching = self.original = self.replacement = self.new_inner = None
@@ -263,6 +281,33 @@ class LegacyState:
     @property
     def provenance(self) -> Provenance:
         return self.record.provenance
+
+
+#: The top layer of each slot that holds installations, by (id of the owner, key,
+#: whether a mapping item); its slot keeps the owner alive. Undoing a layer (what
+#: happens to the others) is _layers' business; this is the part installing needs.
+top_layers: dict[tuple[int, str, bool], Site] = {}
+#: Held by _layers while it undoes a layer.
+layers_lock = threading.RLock()
+
+
+def push_layer(site: Site) -> None:
+    """Record ``site``'s installation, just made, as the top layer of its slot.
+
+    It stands on the slot's top layer if that is what it found in the slot; over
+    anything else (the first patch, or a value someone else put there since) it has
+    none below, and a layer left under that value is undone on its own. Not under
+    ``layers_lock``: apply() comes here for every patch, and dict operations are
+    atomic (an install racing an undo of the same slot is not ordered anyway).
+    """
+    slot = site.slot
+    assert slot is not None
+    key = (id(slot.owner), slot.key, slot.kind == "item")
+    top = top_layers.get(key)
+    if top is not None and top is not site and top.installed is slot.raw:
+        site.below = top
+        top.above = site
+    top_layers[key] = site
 
 
 def own_modules(entries: Iterable[Entry]) -> list[str]:

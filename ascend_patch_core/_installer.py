@@ -27,6 +27,7 @@ from ._entries import Entry
 from ._entries import Ledger
 from ._entries import Site
 from ._entries import Skip
+from ._entries import push_layer
 from ._entries import who
 from ._errors import PatchError
 from ._errors import SkipPatch
@@ -407,6 +408,7 @@ class Installer:
             return False
         if entry.slot is None:  # the first installation (a later one is a with_imports swap)
             entry.slot, entry.installed, entry.installed_inner = slot, new_raw, entry.new_inner
+            push_layer(entry)
         else:
             entry.installed_now(slot, new_raw, entry.new_inner, entry.modules_before)
         self.log[entry] = None

@@ -2,8 +2,9 @@
 
 The installer logs each site it fills; ``revert()`` replays that log backwards,
 after giving the original back to the modules that imported a replacement while it
-was installed (``from x import f`` after the patch). A slot someone else changed
-after we patched it is left alone and reported, never overwritten.
+was installed (``from x import f`` after the patch). A slot another patcher patched
+after us keeps that patch, which then stands on what we found (``_layers``); a slot
+someone else changed after we patched it is left alone and reported, never overwritten.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ._entries import Entry
 from ._entries import Site
 from ._entries import own_modules
 from ._hub import hub
+from ._layers import take_out
 from ._report import APPLIED
 from ._report import PENDING
 from ._report import REVERTED
@@ -36,22 +38,13 @@ __all__ = ["restore_late_holders", "restore_site", "revert_all", "undo_entries"]
 
 
 def restore_site(site: Site, warn: Callable[[str], None]) -> None:
-    """Put back what ``site``'s slot held before the patch (and undo its rebinds)."""
-    slot = site.slot
-    if slot is None:
-        return
-    for module, name, original in reversed(site.rebinds or ()):
-        if vars(module).get(name) is site.installed_inner:
-            setattr(module, name, original)
-    site.rebinds = None
-    if slot.current() is site.installed:
-        slot.restore()
-    else:
-        warn(
-            f"{site.path.text} was changed by someone else after it was patched; "
-            "left as is (the original was not restored)"
-        )
-    site.clear()
+    """Take ``site``'s installation out of its slot (and undo its rebinds).
+
+    The slot gets back what the site found there -- or, when a later patch stands
+    on it, that patch now stands on it instead (``_layers``).
+    """
+    if site.slot is not None:
+        take_out(site, warn)
 
 
 def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
