@@ -29,6 +29,7 @@ its result goes in only if nothing changed meanwhile.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 from ._entries import Site
@@ -48,53 +49,53 @@ Warn = Callable[[str], None]
 _Rebound = dict[tuple[int, str], Any]
 
 
-def take_out(site: Site, warn: Warn) -> None:
-    """Undo ``site``'s installation (and its rebinds), whatever else its slot holds now."""
-    with layers_lock:
-        slot = site.slot
-        if slot is None:
-            return
-        rebinds = site.rebinds
-        if rebinds:
-            for module, name, original in reversed(rebinds):
-                if vars(module).get(name) is site.installed_inner:
-                    setattr(module, name, original)
-            site.rebinds = None
-        above, below = site.above, site.below
-        job = None
-        if above is None:  # the top layer (or one left under someone else's value)
-            _restore(site, warn)
-            key = (id(slot.owner), slot.key, slot.kind == "item")
-            if top_layers.get(key) is site:
-                if below is None:
-                    del top_layers[key]
-                else:
-                    top_layers[key] = below
-        else:
-            above.below = below
-            rebound: _Rebound = {(id(m), name): o for m, name, o in rebinds or ()}
-            found = _found(slot.raw)
-            job = _stand_on(above, slot.raw, slot.own, found, site.installed_inner, rebound)
-        if below is not None:
-            below.above = above
-        site.above = site.below = None
-        site.clear()
-    while job is not None:
-        job = job.run(warn)
+def take_out(sites: Iterable[Site], warn: Warn) -> None:
+    """Undo each of ``sites``' installations, in this order, and their rebinds,
+    whatever else their slots hold now."""
+    with layers_lock:  # once for all: revert() comes here with every patch it undoes
+        jobs = [_take_out(site, warn) for site in sites if site.slot is not None]
+    for job in jobs:
+        while job is not None:
+            job = job.run(warn)
 
 
-def _restore(site: Site, warn: Warn) -> None:
+def _take_out(site: Site, warn: Warn) -> _Remake | None:
     slot = site.slot
     assert slot is not None
-    if slot.current() is site.installed:
-        slot.restore()
+    rebinds = site.rebinds
+    if rebinds:
+        for module, name, original in reversed(rebinds):
+            if vars(module).get(name) is site.installed_inner:
+                setattr(module, name, original)
+        site.rebinds = None
+    above, below = site.above, site.below
+    job = None
+    if above is None:  # the top layer (or one left under someone else's value)
+        if slot.current() is site.installed:
+            slot.restore()
+        else:
+            message = (
+                f"{site.path.text} was changed by someone else after it was patched; "
+                "left as is (the original was not restored)"
+            )
+            warn(message)
+            site.entry.record.warnings.append(message)
+        key = (id(slot.owner), slot.key, slot.kind == "item")
+        if top_layers.get(key) is site:
+            if below is None:
+                del top_layers[key]
+            else:
+                top_layers[key] = below
     else:
-        message = (
-            f"{site.path.text} was changed by someone else after it was patched; "
-            "left as is (the original was not restored)"
-        )
-        warn(message)
-        site.entry.record.warnings.append(message)
+        above.below = below
+        rebound: _Rebound = {(id(m), name): o for m, name, o in rebinds or ()}
+        found = _found(slot.raw)
+        job = _stand_on(above, slot.raw, slot.own, found, site.installed_inner, rebound)
+    if below is not None:
+        below.above = above
+    site.above = site.below = None
+    site.clear()
+    return job
 
 
 def _found(raw: Any) -> Any:

@@ -43,8 +43,7 @@ def restore_site(site: Site, warn: Callable[[str], None]) -> None:
     The slot gets back what the site found there -- or, when a later patch stands
     on it, that patch now stands on it instead (``_layers``).
     """
-    if site.slot is not None:
-        take_out(site, warn)
+    take_out((site,), warn)
 
 
 def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
@@ -121,8 +120,7 @@ def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) ->
         if hook.record.status is APPLIED:
             hook.record.set(REVERTED, None)
     restore_late_holders(log, entries)
-    for site in reversed(log):
-        restore_site(site, ledger.warn)
+    take_out(reversed(log), ledger.warn)
     for state in legacy:
         if state.handle is not None:
             hub.unwatch(state.handle)
@@ -147,5 +145,4 @@ def undo_entries(ledger: Ledger, installer: Installer, names: set[str], reason: 
             was_applied = entry.status is APPLIED
             installer.finish(entry, SKIPPED, reason)
         if was_applied:
-            for site in reversed(sites):
-                restore_site(site, ledger.warn)
+            take_out(reversed(sites), ledger.warn)
