@@ -278,6 +278,44 @@ def test_a_class_attribute_and_a_reapplied_layer(make_package: PackageFactory) -
     assert core.K.__dict__["s"] is raw
 
 
+def test_an_inherited_method_and_a_mapping_entry_come_back_exactly(
+    make_package: PackageFactory,
+) -> None:
+    """A shadowed inherited method is deleted again, a mapping entry holds its value again,
+    whichever of two patches goes first."""
+    pkg = make_package(
+        {
+            "core.py": """
+                class Base:
+                    def f(self):
+                        return "base"
+
+                class Sub(Base):
+                    pass
+
+                TABLE = {"key": lambda: "orig"}
+            """
+        }
+    )
+    core = imp(f"{pkg}.core")
+    entry = core.TABLE["key"]
+    wrap = {"target_wrapper": lambda orig: lambda *a: f"w({orig(*a)})"}
+    for target, call in (
+        (f"{pkg}.core.Sub.f", lambda: core.Sub().f()),
+        (f"{pkg}.core.TABLE.key", lambda: core.TABLE["key"]()),
+    ):
+        p1 = Patcher().add(AtomicPatch(target, lambda *a: "p1"))
+        p2 = Patcher().add(AtomicPatch(target, **wrap))
+        p1.apply()
+        p2.apply()
+        assert call() == "w(p1)"
+        p1.revert()
+        assert call() in ("w(base)", "w(orig)")
+        p2.revert()
+    assert "f" not in vars(core.Sub) and core.Sub().f() == "base"
+    assert core.TABLE["key"] is entry
+
+
 def test_a_stale_reference_rebound_by_two_layers_gets_the_original_back(
     make_package: PackageFactory,
 ) -> None:
