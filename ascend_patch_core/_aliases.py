@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ._entries import Entry
 from ._entries import Site
+from ._entries import push_layer
 from ._hub import hub
 from ._replacement import build_replacement
 from ._report import APPLIED
@@ -101,7 +102,8 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
         cancelled = entry.status is not APPLIED  # revert() ran meanwhile
         if not cancelled:
             site.installed_now(found, new_raw, new_inner, modules_before)
-            installer.log.append(site)
+            push_layer(site)
+            installer.log[site] = None
     if cancelled:
         if found.current() is new_raw:
             found.restore()

@@ -17,6 +17,7 @@ from ._env_flags import env_flag
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
 from ._errors import PatchError
+from ._group_names import group_names
 from ._patch import AtomicPatch
 from ._patch import LegacyPatch
 from ._patch import ModuleHook
@@ -69,6 +70,12 @@ class PatcherConfig:
         #: Declarations added with add(), in order, each once.
         self.items: list[Declared] = []
         self._item_ids: set[int] = set()
+        #: The added groups, indexed for add()'s conflict check (which looks only at
+        #: the pairs a new group makes, so adding one at a time stays linear): every
+        #: name a group answers to -> the groups, and each name that a group's
+        #: ``conflicts_with`` holds -> the groups naming it.
+        self._answering: dict[str, list[type[Patch]]] = {}
+        self._naming: dict[str, list[type[Patch]]] = {}
         #: Import rules declared through the patcher (they act at once).
         self.rules: list[ImportRule] = []
         self.disabled: set[str] = set()
@@ -112,17 +119,63 @@ class PatcherConfig:
         return added, rules
 
     def take(self, added: list[Declared], applied: bool) -> str | None:
-        """Keep what ``add()`` got; return the conflict it makes with an enabled group.
+        """Keep what ``add()`` got; return the conflict a new group makes with an enabled group.
 
         Before apply() a conflict only warns (as in the DrivingSDK patcher): a disable()
         may still follow, and apply() raises if both are still enabled. After apply(),
-        adding is applying, so it raises now.
+        adding is applying, so it raises now (and nothing is kept). Only pairs with a
+        new group are looked at: a conflict between groups added before was said then.
         """
-        conflict = self.conflict(added, enabled=frozenset(self.enabled))
-        if conflict is not None and applied:
-            raise PatchConflictError(conflict)
+        groups = [d.item for d in added if isinstance(d.item, type)]
+        conflict = None
+        if groups:
+            # Indexed first: two groups of one add() call may conflict with each other.
+            for group in groups:
+                self._index(group, 1)
+            conflict = self._conflict_of(groups)
+            if conflict is not None and applied:
+                for group in groups:
+                    self._index(group, -1)
+                raise PatchConflictError(conflict)
         self.items.extend(added)
         return conflict
+
+    def _index(self, group: type[Patch], change: int) -> None:
+        """Put ``group`` into (1) or take it out of (-1) the conflict indexes."""
+        for index, names in (
+            (self._answering, group_names(group)),
+            (self._naming, frozenset(group.conflicts_with)),
+        ):
+            for name in names:
+                if change > 0:
+                    index.setdefault(name, []).append(group)
+                else:
+                    index[name].remove(group)
+
+    def _conflict_of(self, groups: list[type[Patch]]) -> str | None:
+        """The first conflict between one of ``groups`` and an enabled added group.
+
+        The pairs :func:`conflicting_groups` would find with one of ``groups`` in them,
+        found through the indexes: the work is proportional to the new groups' names,
+        not to the number of groups added.
+        """
+        off = self.disabled
+
+        def on(group: type[Patch]) -> bool:
+            return not off or group_names(group).isdisjoint(off)
+
+        for group in groups:
+            if not on(group):
+                continue
+            for other in group.conflicts_with:
+                for owner in self._answering.get(other, ()):
+                    if owner.name != group.name and on(owner):
+                        return _conflict_message(group.name, owner.name)
+            for name in group_names(group):
+                for naming in self._naming.get(name, ()):
+                    if naming.name != group.name and on(naming):
+                        return _conflict_message(naming.name, group.name)
+        return None
 
     def listing(self) -> tuple[list[Declared], set[str], frozenset[str]]:
         """What ``print_info()`` plans before apply(), as apply() would: the plugins' and
@@ -166,10 +219,7 @@ class PatcherConfig:
             if isinstance(d.item, type) and switched_on(d.item, d.provenance, enabled)
         ]
         for name, other in conflicting_groups(groups, self.disabled)[:1] if groups else ():
-            return (
-                f"patch groups {name!r} and {other!r} conflict ({name}.conflicts_with names {other!r}); "
-                f"enable only one, e.g. default_patcher.disable({other!r}).add({name})"
-            )
+            return _conflict_message(name, other)
         return None
 
     def select(
@@ -236,3 +286,11 @@ class PatcherConfig:
                 if strict:
                     raise PatchDefinitionError(f"ascend-patch (strict): {message}")
                 ledger.warn(message)
+
+
+def _conflict_message(name: str, other: str) -> str:
+    """What a conflict says: ``name``'s ``conflicts_with`` names ``other``; and the fix."""
+    return (
+        f"patch groups {name!r} and {other!r} conflict ({name}.conflicts_with names {other!r}); "
+        f"enable only one, e.g. default_patcher.disable({other!r}).add({name})"
+    )

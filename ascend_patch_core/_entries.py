@@ -18,6 +18,7 @@ import threading
 import types
 from collections.abc import Iterable
 from typing import Any
+from typing import cast
 
 from ._errors import PatchError
 from ._patch import AtomicPatch
@@ -43,10 +44,11 @@ __all__ = [
     "LegacyState",
     "Site",
     "Skip",
-    "dependency_order",
-    "in_cycle",
     "label",
+    "layers_lock",
     "own_modules",
+    "push_layer",
+    "top_layers",
     "who",
 ]
 
@@ -65,6 +67,9 @@ class Site:
     """One slot an entry installs into: its target (the entry itself) or an alias."""
 
     __slots__ = (
+        "_of",
+        "above",
+        "below",
         "earlier",
         "installed",
         "installed_inner",
@@ -74,8 +79,12 @@ class Site:
         "slot",
     )
 
-    def __init__(self, path: TargetPath) -> None:
+    def __init__(self, path: TargetPath, entry: Entry | None) -> None:
         self.path = path
+        self._of = entry
+        #: The layers next to it on its slot while installed (see :func:`push_layer`).
+        self.below: Site | None = None
+        self.above: Site | None = None
         self.slot: Slot | None = None
         #: What the slot holds now (raw: a staticmethod object for a staticmethod target).
         self.installed: Any = None
@@ -101,6 +110,12 @@ class Site:
             self.earlier.append((self.installed_inner, self.modules_before))
         self.slot, self.installed, self.installed_inner = slot, raw, inner
         self.modules_before = modules_before
+
+    @property
+    def entry(self) -> Entry:
+        """The entry whose patch this site installs (an entry's own site: the entry)."""
+        of = self._of
+        return of if of is not None else cast("Entry", self)
 
     def history(self) -> list[tuple[Any, frozenset[int]]]:
         """Every (inner object, modules loaded then) this site installed, oldest first."""
@@ -166,8 +181,9 @@ class Entry(Site):
         self.requires = (*patch.requires, *requires) if requires else patch.requires
         #: The patch's own ``after`` names, then its group's.
         self.after = (*patch.after, *after) if after else patch.after
-        self.alias_sites = [Site(p) for p in patch.alias_paths] if patch.alias_paths else ()
+        self.alias_sites = [Site(p, self) for p in patch.alias_paths] if patch.alias_paths else ()
         self.path = patch.path
+        self._of = self.below = self.above = None
         self.claimed = False
         self.verdicts = self.deps = self.dependents = ()
         self.watching = self.original = self.replacement = self.new_inner = None
@@ -202,9 +218,17 @@ class Entry(Site):
         return self.record.status is PENDING and not self.claimed
 
     def depends_on(self, dep: Entry) -> None:
-        if dep not in self.deps:
-            self.deps = [*self.deps, dep]
-            dep.dependents = [*dep.dependents, self]
+        """Link ``self`` after ``dep`` (the planner links each pair once).
+
+        Appended, not copied: one group named in ``after=`` by thousands of patches
+        gets that many dependents. (Readers iterate copies: ``list(dependents)``.)
+        """
+        deps = self.deps if self.deps else []
+        deps.append(dep)
+        self.deps = deps
+        dependents = dep.dependents if dep.dependents else []
+        dependents.append(self)
+        dep.dependents = dependents
 
     def watch(self, key: str, handle: Any) -> None:
         if self.watching is None:
@@ -259,6 +283,33 @@ class LegacyState:
         return self.record.provenance
 
 
+#: The top layer of each slot that holds installations, by (id of the owner, key,
+#: whether a mapping item); its slot keeps the owner alive. Undoing a layer (what
+#: happens to the others) is _layers' business; this is the part installing needs.
+top_layers: dict[tuple[int, str, bool], Site] = {}
+#: Held by _layers while it undoes a layer.
+layers_lock = threading.RLock()
+
+
+def push_layer(site: Site) -> None:
+    """Record ``site``'s installation, just made, as the top layer of its slot.
+
+    It stands on the slot's top layer if that is what it found in the slot; over
+    anything else (the first patch, or a value someone else put there since) it has
+    none below, and a layer left under that value is undone on its own. Not under
+    ``layers_lock``: apply() comes here for every patch, and dict operations are
+    atomic (an install racing an undo of the same slot is not ordered anyway).
+    """
+    slot = site.slot
+    assert slot is not None
+    key = (id(slot.owner), slot.key, slot.kind == "item")
+    top = top_layers.get(key)
+    if top is not None and top is not site and top.installed is slot.raw:
+        site.below = top
+        top.above = site
+    top_layers[key] = site
+
+
 def own_modules(entries: Iterable[Entry]) -> list[str]:
     """Modules whose references to originals and replacements are deliberate.
 
@@ -298,47 +349,11 @@ def label(item: object) -> str:
     return item.__qualname__ if isinstance(item, type) else repr(item)
 
 
-def in_cycle(start: Entry) -> bool:
-    seen: set[int] = set()
-    stack = list(start.deps)
-    while stack:
-        entry = stack.pop()
-        if entry is start:
-            return True
-        if id(entry) in seen:
-            continue
-        seen.add(id(entry))
-        stack.extend(entry.deps)
-    return False
-
-
-def dependency_order(entries: list[Entry]) -> list[Entry]:
-    """Stable topological order: declaration order, except that dependencies come first."""
-    if not any(entry.deps for entry in entries):
-        return entries
-    ordered: list[Entry] = []
-    placed: set[int] = set()
-    members = {id(e) for e in entries}
-
-    def place(entry: Entry, trail: set[int]) -> None:
-        if id(entry) in placed or id(entry) in trail:
-            return
-        trail.add(id(entry))
-        for dep in entry.deps:
-            if id(dep) in members:
-                place(dep, trail)
-        placed.add(id(entry))
-        ordered.append(entry)
-
-    for entry in entries:
-        place(entry, set())
-    return ordered
-
-
 class Ledger:
     """Records, warnings and entries of one patcher, with their indexes."""
 
     __slots__ = (
+        "_by_name",
         "_reverted_upto",
         "by_target",
         "entries",
@@ -362,6 +377,9 @@ class Ledger:
         self.group_aliases: dict[str, str] = {}
         #: First live entry per normalized target or alias path.
         self.by_target: dict[str, Entry] = {}
+        #: Entries by each of their names (Entry.names), with their place in ``entries``:
+        #: made on first use (an ``after=`` link, a disable() after apply()), kept from then on.
+        self._by_name: dict[str, list[tuple[int, Entry]]] | None = None
         #: (records, warnings) that belong to the last revert()'s report; None while applied.
         self._reverted_upto: tuple[int, int] | None = None
 
@@ -373,9 +391,33 @@ class Ledger:
     def add(self, entries: list[Entry], hooks: list[HookState], legacy: list[LegacyState]) -> None:
         """Take planned entries in (the planner has already indexed them)."""
         with self.lock:
+            if self._by_name is not None:
+                self._index_names(entries, len(self.entries))
             self.entries.extend(entries)
             self.hooks.extend(hooks)
             self.legacy.extend(legacy)
+
+    def _index_names(self, entries: Iterable[Entry], start: int) -> None:
+        assert self._by_name is not None
+        by_name = self._by_name
+        for place, entry in enumerate(entries, start):
+            for name in entry.names:
+                by_name.setdefault(name, []).append((place, entry))
+
+    def named(self, names: Iterable[str]) -> list[Entry]:
+        """Under the lock: the entries any of ``names`` names, in ``entries`` order, each once.
+
+        Through an index, so that ``after=`` links and disable() after apply() cost what
+        they find, not what the patcher holds (one add() or disable() at a time stays linear).
+        """
+        if self._by_name is None:
+            self._by_name = {}
+            self._index_names(self.entries, 0)
+        found: dict[int, Entry] = {}
+        for name in names:
+            for place, entry in self._by_name.get(name, ()):
+                found[place] = entry
+        return [found[place] for place in sorted(found)]
 
     def clear(self) -> tuple[list[Entry], list[HookState], list[LegacyState]]:
         """Forget every entry (revert): return what was there."""
@@ -384,16 +426,19 @@ class Ledger:
             hooks, self.hooks = self.hooks, []
             legacy, self.legacy = self.legacy, []
             self.by_target = {}
+            self._by_name = None
         return entries, hooks, legacy
 
-    def raise_if_failed(self) -> None:
-        """Strict mode: PatchError naming every failed record, if there is one.
+    def raise_if_failed(self, records: Iterable[Record] | None = None) -> None:
+        """Strict mode: PatchError naming every failed record (of ``records``, else of all).
 
         Reads the records, not a Report: reading a report runs the stale-reference
         scan, which waits until someone reads it.
         """
         with self.lock:
-            failed = [r for r in self.records if r.status is FAILED]
+            failed = [
+                r for r in (self.records if records is None else records) if r.status is FAILED
+            ]
         if failed:
             raise PatchError(
                 "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)

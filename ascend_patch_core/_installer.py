@@ -27,6 +27,7 @@ from ._entries import Entry
 from ._entries import Ledger
 from ._entries import Site
 from ._entries import Skip
+from ._entries import push_layer
 from ._entries import who
 from ._errors import PatchError
 from ._errors import SkipPatch
@@ -72,8 +73,9 @@ class Installer:
     def __init__(self, ledger: Ledger, strict: Callable[[], bool]) -> None:
         self.ledger = ledger
         self._strict = strict
-        #: Sites filled, in order (revert() replays it backwards).
-        self.log: list[Site] = []
+        #: Sites filled, in order (revert() replays it backwards); a dict used as an
+        #: ordered set, so that disable() takes one out without a search.
+        self.log: dict[Site, None] = {}
         #: The thread running apply(): entries it installs were imported before apply().
         self.applying_thread: int | None = None
         #: Entries installed during apply() whose stale references are yet to be looked for.
@@ -201,7 +203,7 @@ class Installer:
                 if e.record.status is APPLIED and e.slot is not None and e.slot.module == name
             ]
             for entry in on_module:
-                self.log.remove(entry)
+                self.log.pop(entry, None)
         for entry in on_module:
             restore_site(entry, self.ledger.warn)
         with self.ledger.lock:
@@ -406,9 +408,10 @@ class Installer:
             return False
         if entry.slot is None:  # the first installation (a later one is a with_imports swap)
             entry.slot, entry.installed, entry.installed_inner = slot, new_raw, entry.new_inner
+            push_layer(entry)
         else:
             entry.installed_now(slot, new_raw, entry.new_inner, entry.modules_before)
-        self.log.append(entry)
+        self.log[entry] = None
         if immediate:
             self.stale_candidates.append(entry)
         record.status, record.reason = APPLIED, None

@@ -126,8 +126,10 @@ class Patcher:
         for rule in rules:
             self._add_rule(rule)
         if applied and added:
-            self._start(plan(added, self._ledger, metadata, **self._switches()))
-            self._raise_if_strict_failed()
+            planned = plan(added, self._ledger, metadata, **self._switches())
+            self._start(planned)
+            if self._strict:  # what this call planned: earlier failures raised when they came
+                self._ledger.raise_if_failed(planned.records)
         return self
 
     def disable(
@@ -410,7 +412,9 @@ class Patcher:
                 self._hooks.start_hook(hook)
             for state in planned.legacy:
                 self._hooks.start_legacy(state)
-        if self.rebind_stale or any(e.patch.rebind for e in self._installer.stale_candidates):
+        # Asked of this plan's entries only (the candidates of earlier plans were looked at
+        # then): add() after apply() costs the same however many patches came before.
+        if self.rebind_stale or any(e.patch.rebind for e in planned.entries):
             self._look_for_stale()  # rebinding cannot wait for someone to read the report
 
     def _look_for_stale(self) -> None:

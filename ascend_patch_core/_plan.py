@@ -28,8 +28,6 @@ from ._entries import Entry
 from ._entries import HookState
 from ._entries import Ledger
 from ._entries import LegacyState
-from ._entries import dependency_order
-from ._entries import in_cycle
 from ._entries import who
 from ._errors import PatchConflictError
 from ._errors import PatchDefinitionError
@@ -41,7 +39,6 @@ from ._patch import Patch
 from ._patch import PatchLike
 from ._report import FAILED
 from ._report import PENDING
-from ._report import REVERTED
 from ._report import SKIPPED
 from ._report import CallCounters
 from ._report import Provenance
@@ -177,8 +174,13 @@ def plan(
                 entry.record.set(SKIPPED, "disabled")
     _check_requirements(entries, meta, answers)
     _check_collisions(entries, ledger, result, strict)
-    _link_dependencies(entries, ledger, result)
-    result.entries = dependency_order(entries)
+    if any(entry.after for entry in entries):
+        # Loaded when a plan has ``after=`` names: most have none.
+        from ._dependencies import link_dependencies
+
+        result.entries = link_dependencies(entries, ledger, result.missing_after)
+    else:
+        result.entries = entries
     ledger.add(result.entries, result.hooks, result.legacy)
     with ledger.lock:
         for name, (group, _) in result.groups.items():
@@ -351,42 +353,6 @@ def _check_collisions(entries: list[Entry], ledger: Ledger, result: Plan, strict
                 raise PatchConflictError(f"ascend-patch (strict): {message}")
             ledger.warn(message)
             entry.record.warnings.append(message)
-
-
-def _link_dependencies(entries: list[Entry], ledger: Ledger, result: Plan) -> None:
-    if not any(entry.after for entry in entries):
-        return
-    new_names: dict[str, list[Entry]] = {}
-    for entry in entries:
-        for name in entry.names:
-            new_names.setdefault(name, []).append(entry)
-    old_names: dict[str, list[Entry]] = {}
-    with ledger.lock:
-        for entry in ledger.entries:
-            if entry.status is not REVERTED:
-                for name in entry.names:
-                    old_names.setdefault(name, []).append(entry)
-    for entry in entries:
-        for name in entry.after:
-            candidates = old_names.get(name, []) + new_names.get(name, [])
-            found = [
-                d
-                for d in candidates
-                if d is not entry and not (name == entry.group and d.group == entry.group)
-            ]
-            if not found:
-                result.missing_after.append((entry, name))
-                if entry.open:
-                    entry.record.set(
-                        FAILED, f"after={name!r} names no patch or group of this patcher"
-                    )
-                break
-            for dep in found:
-                entry.depends_on(dep)
-    # A dependency cycle can never be satisfied: fail its members instead of waiting forever.
-    for entry in entries:
-        if entry.open and entry.deps and in_cycle(entry):
-            entry.record.set(FAILED, "dependency cycle through 'after'")
 
 
 def conflicting_groups(

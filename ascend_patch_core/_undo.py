@@ -2,8 +2,9 @@
 
 The installer logs each site it fills; ``revert()`` replays that log backwards,
 after giving the original back to the modules that imported a replacement while it
-was installed (``from x import f`` after the patch). A slot someone else changed
-after we patched it is left alone and reported, never overwritten.
+was installed (``from x import f`` after the patch). A slot another patcher patched
+after us keeps that patch, which then stands on what we found (``_layers``); a slot
+someone else changed after we patched it is left alone and reported, never overwritten.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ._entries import Entry
 from ._entries import Site
 from ._entries import own_modules
 from ._hub import hub
+from ._layers import take_out
 from ._report import APPLIED
 from ._report import PENDING
 from ._report import REVERTED
@@ -36,22 +38,12 @@ __all__ = ["restore_late_holders", "restore_site", "revert_all", "undo_entries"]
 
 
 def restore_site(site: Site, warn: Callable[[str], None]) -> None:
-    """Put back what ``site``'s slot held before the patch (and undo its rebinds)."""
-    slot = site.slot
-    if slot is None:
-        return
-    for module, name, original in reversed(site.rebinds or ()):
-        if vars(module).get(name) is site.installed_inner:
-            setattr(module, name, original)
-    site.rebinds = None
-    if slot.current() is site.installed:
-        slot.restore()
-    else:
-        warn(
-            f"{site.path.text} was changed by someone else after it was patched; "
-            "left as is (the original was not restored)"
-        )
-    site.clear()
+    """Take ``site``'s installation out of its slot (and undo its rebinds).
+
+    The slot gets back what the site found there -- or, when a later patch stands
+    on it, that patch now stands on it instead (``_layers``).
+    """
+    take_out((site,), warn)
 
 
 def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
@@ -108,7 +100,7 @@ def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) ->
     Patcher's Activations to undo.)
     """
     with ledger.lock:
-        log, installer.log = installer.log, []
+        log, installer.log = installer.log, {}
         entries, hooks, legacy = ledger.clear()
         # Every entry leaves the game now, under the lock: a thread about to install
         # one (an import finishing right now) sees it reverted and stops, and one that
@@ -128,8 +120,7 @@ def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) ->
         if hook.record.status is APPLIED:
             hook.record.set(REVERTED, None)
     restore_late_holders(log, entries)
-    for site in reversed(log):
-        restore_site(site, ledger.warn)
+    take_out(reversed(log), ledger.warn)
     for state in legacy:
         if state.handle is not None:
             hub.unwatch(state.handle)
@@ -145,15 +136,13 @@ def undo_entries(ledger: Ledger, installer: Installer, names: set[str], reason: 
     with ledger.lock:
         # A group's other names (legacy_name, "tensor_index") mean the group.
         names = names | {ledger.group_aliases[n] for n in names if n in ledger.group_aliases}
-        victims = [e for e in ledger.entries if e.names & names and e.status not in NOT_APPLIED]
+        victims = [e for e in ledger.named(names) if e.status not in NOT_APPLIED]
     for entry in reversed(victims):
         with ledger.lock:
             sites = [s for s in (entry, *entry.alias_sites) if s.slot is not None]
             for site in sites:
-                if site in installer.log:
-                    installer.log.remove(site)
+                installer.log.pop(site, None)
             was_applied = entry.status is APPLIED
             installer.finish(entry, SKIPPED, reason)
         if was_applied:
-            for site in reversed(sites):
-                restore_site(site, ledger.warn)
+            take_out(reversed(sites), ledger.warn)

@@ -36,7 +36,7 @@ from ._patch import signature_of
 from ._report import CallCounters
 
 
-__all__ = ["make_runtime_check_wrapper"]
+__all__ = ["make_runtime_check_wrapper", "retarget"]
 
 _P = inspect.Parameter
 _FUNCTION = types.FunctionType
@@ -81,6 +81,33 @@ def make_runtime_check_wrapper(
         else {"__wrapped__": replacement, "__ascend_patch_original__": original}
     )
     return wrapper
+
+
+def retarget(wrapper: Any, original: Callable[..., Any]) -> bool:
+    """Make a runtime_check wrapper fall back to ``original`` from now on, in place.
+
+    For a patch whose original was another patch, reverted since (docs/core.md,
+    "Reverting"): the wrapper stays the object in the slot and in every module that
+    imported it. It runs the generic code until its next call chooses again: the
+    exact-signature code was chosen for the old original's parameters and defaults.
+    False when ``wrapper`` is not one of ours.
+    """
+    closure = getattr(wrapper, "__closure__", None)
+    if (
+        type(wrapper) is not _FUNCTION
+        or wrapper.__code__.co_freevars != _FREEVARS
+        or closure is None
+        or "__ascend_patch_original__" not in wrapper.__dict__
+    ):
+        return False
+    cells = dict(zip(_FREEVARS, closure, strict=True))
+    wrapper.__code__ = _GENERIC_CODE  # ignores the defaults: they can go next
+    wrapper.__defaults__ = wrapper.__kwdefaults__ = None
+    cells["_ap_original"].cell_contents = original
+    wrapper.__dict__["__ascend_patch_original__"] = original
+    cells["_ap_self"].cell_contents = wrapper
+    wrapper.__code__ = _FIRST_CODE
+    return True
 
 
 def _specialize(
@@ -380,3 +407,4 @@ def _wrapper_code(definition: str, call: str) -> types.CodeType:
 _make_first = _factory("*args, **kwargs", "*args, **kwargs", _FIRST_CALL)
 _FREEVARS: tuple[str, ...] = _make_first(*_DUMMIES).__code__.co_freevars
 _GENERIC_CODE = _wrapper_code("*args, **kwargs", "*args, **kwargs")
+_FIRST_CODE: types.CodeType = _make_first(*_DUMMIES).__code__

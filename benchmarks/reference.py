@@ -24,9 +24,9 @@ Statistics (the machine is shared and noisy): in every round each variant measur
 both sides back to back, variants and the order of the sides shuffled, and the round's
 ratio ours/reference is recorded per measure. Reported per side: min over rounds and
 the median; per measure: the median of the per-round ratios, which is what the verdict
-uses (<= 1.00: ours no slower). The scaling table times add(), apply() and revert()
-(plain variant) at several N, both sides back to back at each N, and gives the log-log
-slope of total time between the smallest and largest N (1.0 = linear), from the minima
+uses (<= 1.00: ours no slower). The scaling table times add() (both ways), apply() and
+revert() (plain variant) at several N, both sides back to back at each N, and gives the
+log-log slope of total time between the smallest and largest N (1.0 = linear), from the minima
 over rounds (the medians' slope beside it).
 
 Logging: the reference's logger (``mx_driving.patcher``, own StreamHandler) is set above
@@ -73,7 +73,14 @@ CALLS = 200_000
 VARIANTS = ("plain", "runtime_check")
 SIDES = ("ours", "reference")
 #: Measures timed per patch (µs/patch) and per call (ns/call).
-PER_PATCH = ("add", "apply", "revert")
+PER_PATCH = ("add", "add_each", "apply", "revert")
+#: How the scaling table and the verdicts name each measure.
+LABELS = {
+    "add": "add()",
+    "add_each": "add() one call per patch",
+    "apply": "apply()",
+    "revert": "revert()",
+}
 #: The largest log-log slope still called linear.
 LINEAR = 1.1
 _unique = itertools.count()
@@ -190,6 +197,7 @@ def measure(side: str, classes: Classes, n: int, runtime_check: bool) -> dict[st
     try:
         patcher, seconds = timed(lambda: patcher_class().add(*patches))
         out["add"] = seconds
+        out["add_each"] = timed(lambda: add_each(patcher_class(), patches))[1]
         out["apply"] = timed(patcher.apply)[1]
         missed = [i for i in range(n) if module.__dict__[f"f{i}"] is originals[i]]
         if missed or (not runtime_check and module.f0 is not repl["g0"]) or module.f0(1) != 1:
@@ -206,6 +214,13 @@ def measure(side: str, classes: Classes, n: int, runtime_check: bool) -> dict[st
     finally:
         del sys.modules[name]
     return out
+
+
+def add_each(patcher: Any, patches: list[Any]) -> Any:
+    """One add() call per patch (the patcher is thrown away: only add() is measured)."""
+    for patch in patches:
+        patcher.add(patch)
+    return patcher
 
 
 def summary(values: list[float], scale: float) -> dict[str, float]:
@@ -315,10 +330,11 @@ def verdicts(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
         )
     )
     for row in results["scaling"]:
-        if row["side"] == "ours" and row["key"] in ("add", "revert") and row["slope"] is not None:
+        linear = ("add", "add_each", "revert")
+        if row["side"] == "ours" and row["key"] in linear and row["slope"] is not None:
             out.append(
                 (
-                    f"{row['key']}() linear: log-log slope ≤ {LINEAR} from N = {sizes[0]} "
+                    f"{LABELS[row['key']]} linear: log-log slope ≤ {LINEAR} from N = {sizes[0]} "
                     f"to {sizes[-1]}",
                     f"slope {row['slope']:.2f} (of the minima; medians: {row['slope_median']:.2f})",
                     row["slope"] <= LINEAR,
@@ -347,6 +363,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     rows = [
         ("add", "add() (µs/patch)", 3),
+        ("add_each", "add() one call per patch (µs/patch)", 3),
         ("apply", "apply() (µs/patch)", 3),
         ("revert", "revert() (µs/patch)", 3),
         ("direct", f"replacement called directly (ns/call, {info['calls']} calls)", 1),
@@ -382,7 +399,7 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results["scaling"]:
         slopes = ["n/a" if row[k] is None else f"{row[k]:.2f}" for k in ("slope", "slope_median")]
         values = " | ".join(f"{ms:.2f}" for ms in row["min_ms"])
-        lines.append(f"| {row['side']} {row['key']}() | {values} | {' | '.join(slopes)} |")
+        lines.append(f"| {row['side']} {LABELS[row['key']]} | {values} | {' | '.join(slopes)} |")
     return "\n".join(lines)
 
 

@@ -411,7 +411,7 @@ def per_patch(reference: str | None, rounds: int) -> tuple[str, list[Verdict]]:
     budgets = [
         "apply() per patch (with and without runtime_check) no slower than mx_driving.patcher",
         "per call with runtime_check no slower than mx_driving.patcher",
-        "add() and revert() linear",
+        "add() (all at once and one call per patch) and revert() linear",
     ]
     if source is None:
         text = f"Skipped: no DrivingSDK reference found; {module.HOW_TO_GET}."
