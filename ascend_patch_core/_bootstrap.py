@@ -27,6 +27,7 @@ import sys
 from typing import Any
 from typing import NamedTuple
 
+from ._env_flags import CLI_PLUGIN_TIMEOUT_S
 from ._env_flags import FALSE_WORDS
 from ._env_flags import TRUE_WORDS
 from ._hub import remove_finder
@@ -219,6 +220,9 @@ def start(options: RunOptions, *, role: str) -> Any:
     import ascend_patch_core
 
     patcher = ascend_patch_core.default_patcher
+    # A process `run` patches before its program starts is the command's: a plugin
+    # that hangs fails after the commands' bound instead of hanging it (docs/plugin-authors.md).
+    patcher._config.plugin_timeout = CLI_PLUGIN_TIMEOUT_S
     patcher.select_plugins(
         plugins=list(options.plugins) if options.plugins is not None else None,
         strict=True if options.strict else None,

@@ -278,9 +278,23 @@ def _command(parser: argparse.ArgumentParser, args: list[str]) -> int:
     return _scan(parser, ns)
 
 
+def _check_switches() -> None:
+    """A bad ASCEND_PATCH_* value stops every command alike, before it does anything.
+
+    The same PatchDefinitionError (and message) as apply() raises: exit status 2, as
+    for any usage error, whether the command would have read the variable or not.
+    """
+    from ._env_flags import check_switches
+
+    check_switches()
+
+
 def _report(ns: argparse.Namespace) -> int:
     import ascend_patch_core
 
+    from ._env_flags import CLI_PLUGIN_TIMEOUT_S
+
+    ascend_patch_core.default_patcher._config.plugin_timeout = CLI_PLUGIN_TIMEOUT_S
     result = ascend_patch_core.apply()
     print(result.to_json() if ns.json else result.table(verbose=ns.verbose))
     return 0 if result.ok else 1
