@@ -38,6 +38,7 @@ __all__ = [
     "PTH_NAME",
     "PTH_TEXT",
     "RUN_REPORT_SCHEMA",
+    "STRICT_PREFIX",
     "RunOptions",
     "StartError",
     "set_exit_status",
@@ -64,8 +65,9 @@ RUN_REPORT_SCHEMA = "ascend-patch-run/1"
 #: Where the NPU emulator (ascend-patch-emulator) publishes its ``activate``.
 EMULATOR_GROUP = "ascend_patch.emulator"
 
-#: How the core's strict-mode errors begin (``PatchError`` messages).
-_STRICT_PREFIX = "ascend-patch (strict): "
+#: How the core's strict-mode errors begin (``PatchError`` messages); other PatchErrors
+#: are raised in any mode (a bad switch, conflicting groups).
+STRICT_PREFIX = "ascend-patch (strict): "
 
 # The words of every other on/off ASCEND_PATCH_* switch; an empty ASCEND_PATCH_RUN is off.
 _ON = TRUE_WORDS
@@ -254,8 +256,8 @@ def strict_stop_message(exc: BaseException, *, stopped: str) -> str:
     ``stopped``: what was stopped, e.g. "the program before its first line".
     """
     text = str(exc)
-    if text.startswith(_STRICT_PREFIX):
-        text = text[len(_STRICT_PREFIX) :]
+    if text.startswith(STRICT_PREFIX):
+        text = text[len(STRICT_PREFIX) :]
     if "To run without it:" in text:  # a patch's own failure (_strict) says how to go on
         return text
     plugins, patches = _failed_names()

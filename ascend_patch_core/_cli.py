@@ -271,6 +271,7 @@ def _command(parser: argparse.ArgumentParser, args: list[str]) -> int:
     if ns.command is None:
         parser.print_help()
         return 2
+    _check_switches()
     if ns.command == "report":
         return _report(ns)
     if ns.command == "doctor":
@@ -351,6 +352,11 @@ def _run(run_parser: argparse.ArgumentParser, args: list[str]) -> int:
     ns = run_parser.parse_args(own)
     if target is None:
         run_parser.error("give the program to run: a script (train.py) or -m module")
+    try:
+        _check_switches()
+    except PatchDefinitionError as exc:
+        print(f"ascend-patch run: {exc}", file=sys.stderr)
+        return 2
     try:
         options = _run.options_from_args(ns)
         return _run.run(options, target, verbose=ns.verbose)

@@ -162,7 +162,11 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
         report = _bootstrap.start(options, role="main")
     except _bootstrap.StartError as exc:
         raise UsageError(str(exc)) from None
-    except PatchError as exc:  # strict mode (--strict or ASCEND_PATCH_STRICT=1)
+    except PatchError as exc:
+        if not str(exc).startswith(_bootstrap.STRICT_PREFIX):
+            # Not a failure strict mode turned into an error, but one apply() raises in
+            # any mode (a bad switch, conflicting groups): a usage error, said as it is.
+            raise UsageError(str(exc)) from None
         _bootstrap.set_exit_status(1)
         stopped = "the program before its first line"
         raise UsageError(_bootstrap.strict_stop_message(exc, stopped=stopped), status=1) from None
