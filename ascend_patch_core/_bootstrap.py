@@ -313,7 +313,8 @@ def _activate_emulator(version: str | None) -> None:
     try:
         activate(version=version)
     except Exception as exc:  # an unknown version, torch_npu already imported, ...
-        raise StartError(f"--emulate-npu: {exc}") from exc
+        # Some errors have no message (MemoryError): their type is then the reason.
+        raise StartError(f"--emulate-npu: {str(exc) or type(exc).__name__}") from exc
 
 
 # ---------------------------------------------------------------------------- the .pth hook

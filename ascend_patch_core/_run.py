@@ -30,6 +30,7 @@ from ._run_program import load_script
 
 __all__ = [
     "EMULATED_DEVICES_VAR",
+    "MAX_EMULATED_DEVICES",
     "OPTIONS_WITH_VALUE",
     "RunTarget",
     "UsageError",
@@ -50,6 +51,8 @@ OPTIONS_WITH_VALUE = (
 #: How many NPUs the emulator provides; read by the emulator in every process, so
 #: ``--emulated-devices`` reaches torchrun's ranks through the environment.
 EMULATED_DEVICES_VAR = "ASCEND_PATCH_EMULATED_DEVICES"
+#: The most NPUs the emulator provides (its MAX_DEVICES): torch's device index is 8-bit.
+MAX_EMULATED_DEVICES = 128
 
 #: Frames of these files are the launcher's, not the program's: tracebacks leave them out.
 _LAUNCHER_FILES = frozenset({__file__, _run_program.__file__, _script_source.__file__})
@@ -114,8 +117,11 @@ def options_from_args(ns: Any) -> RunOptions:
     if devices is not None:
         if not emulate:
             raise UsageError("--emulated-devices N sets how many NPUs --emulate-npu provides")
-        if devices < 1:
-            raise UsageError(f"--emulated-devices must be a positive number, got {devices}")
+        if not 1 <= devices <= MAX_EMULATED_DEVICES:
+            raise UsageError(
+                f"--emulated-devices must be a positive number, at most {MAX_EMULATED_DEVICES} "
+                f"(torch's device index is 8-bit), got {devices}"
+            )
         os.environ[EMULATED_DEVICES_VAR] = str(devices)
     return RunOptions(
         disable=_names(ns.disable),
