@@ -327,8 +327,12 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     from . import _scan
     from ._declarations import collect
 
-    if not os.path.exists(ns.path):
+    try:
+        os.stat(ns.path)
+    except FileNotFoundError:
         parser.error(f"scan: {ns.path!r} does not exist")
+    except OSError as exc:  # EACCES, ENOTDIR, ELOOP ...: the OS's reason, not "does not exist"
+        parser.error(f"scan: cannot read {ns.path!r}: [Errno {exc.errno}] {exc.strerror}")
     inventory = collect(
         disable=_names(ns.disable),
         plugins=_names(ns.plugins) if ns.plugins else None,
