@@ -27,6 +27,7 @@ import sys
 from typing import Any
 from typing import NamedTuple
 
+from ._env_flags import CLI_PLUGIN_TIMEOUT_S
 from ._env_flags import FALSE_WORDS
 from ._env_flags import TRUE_WORDS
 from ._hub import remove_finder
@@ -37,6 +38,7 @@ __all__ = [
     "PTH_NAME",
     "PTH_TEXT",
     "RUN_REPORT_SCHEMA",
+    "STRICT_PREFIX",
     "RunOptions",
     "StartError",
     "set_exit_status",
@@ -63,8 +65,9 @@ RUN_REPORT_SCHEMA = "ascend-patch-run/1"
 #: Where the NPU emulator (ascend-patch-emulator) publishes its ``activate``.
 EMULATOR_GROUP = "ascend_patch.emulator"
 
-#: How the core's strict-mode errors begin (``PatchError`` messages).
-_STRICT_PREFIX = "ascend-patch (strict): "
+#: How the core's strict-mode errors begin (``PatchError`` messages); other PatchErrors
+#: are raised in any mode (a bad switch, conflicting groups).
+STRICT_PREFIX = "ascend-patch (strict): "
 
 # The words of every other on/off ASCEND_PATCH_* switch; an empty ASCEND_PATCH_RUN is off.
 _ON = TRUE_WORDS
@@ -219,6 +222,9 @@ def start(options: RunOptions, *, role: str) -> Any:
     import ascend_patch_core
 
     patcher = ascend_patch_core.default_patcher
+    # A process `run` patches before its program starts is the command's: a plugin
+    # that hangs fails after the commands' bound instead of hanging it (docs/plugin-authors.md).
+    patcher._config.plugin_timeout = CLI_PLUGIN_TIMEOUT_S
     patcher.select_plugins(
         plugins=list(options.plugins) if options.plugins is not None else None,
         strict=True if options.strict else None,
@@ -250,8 +256,8 @@ def strict_stop_message(exc: BaseException, *, stopped: str) -> str:
     ``stopped``: what was stopped, e.g. "the program before its first line".
     """
     text = str(exc)
-    if text.startswith(_STRICT_PREFIX):
-        text = text[len(_STRICT_PREFIX) :]
+    if text.startswith(STRICT_PREFIX):
+        text = text[len(STRICT_PREFIX) :]
     if "To run without it:" in text:  # a patch's own failure (_strict) says how to go on
         return text
     plugins, patches = _failed_names()
@@ -307,7 +313,8 @@ def _activate_emulator(version: str | None) -> None:
     try:
         activate(version=version)
     except Exception as exc:  # an unknown version, torch_npu already imported, ...
-        raise StartError(f"--emulate-npu: {exc}") from exc
+        # Some errors have no message (MemoryError): their type is then the reason.
+        raise StartError(f"--emulate-npu: {str(exc) or type(exc).__name__}") from exc
 
 
 # ---------------------------------------------------------------------------- the .pth hook

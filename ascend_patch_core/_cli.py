@@ -271,6 +271,7 @@ def _command(parser: argparse.ArgumentParser, args: list[str]) -> int:
     if ns.command is None:
         parser.print_help()
         return 2
+    _check_switches()
     if ns.command == "report":
         return _report(ns)
     if ns.command == "doctor":
@@ -278,9 +279,23 @@ def _command(parser: argparse.ArgumentParser, args: list[str]) -> int:
     return _scan(parser, ns)
 
 
+def _check_switches() -> None:
+    """A bad ASCEND_PATCH_* value stops every command alike, before it does anything.
+
+    The same PatchDefinitionError (and message) as apply() raises: exit status 2, as
+    for any usage error, whether the command would have read the variable or not.
+    """
+    from ._env_flags import check_switches
+
+    check_switches()
+
+
 def _report(ns: argparse.Namespace) -> int:
     import ascend_patch_core
 
+    from ._env_flags import CLI_PLUGIN_TIMEOUT_S
+
+    ascend_patch_core.default_patcher._config.plugin_timeout = CLI_PLUGIN_TIMEOUT_S
     result = ascend_patch_core.apply()
     print(result.to_json() if ns.json else result.table(verbose=ns.verbose))
     return 0 if result.ok else 1
@@ -312,8 +327,12 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     from . import _scan
     from ._declarations import collect
 
-    if not os.path.exists(ns.path):
+    try:
+        os.stat(ns.path)
+    except FileNotFoundError:
         parser.error(f"scan: {ns.path!r} does not exist")
+    except OSError as exc:  # EACCES, ENOTDIR, ELOOP ...: the OS's reason, not "does not exist"
+        parser.error(f"scan: cannot read {ns.path!r}: [Errno {exc.errno}] {exc.strerror}")
     inventory = collect(
         disable=_names(ns.disable),
         plugins=_names(ns.plugins) if ns.plugins else None,
@@ -337,6 +356,11 @@ def _run(run_parser: argparse.ArgumentParser, args: list[str]) -> int:
     ns = run_parser.parse_args(own)
     if target is None:
         run_parser.error("give the program to run: a script (train.py) or -m module")
+    try:
+        _check_switches()
+    except PatchDefinitionError as exc:
+        print(f"ascend-patch run: {exc}", file=sys.stderr)
+        return 2
     try:
         options = _run.options_from_args(ns)
         return _run.run(options, target, verbose=ns.verbose)

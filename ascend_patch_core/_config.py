@@ -28,6 +28,7 @@ from ._plan import conflicting_groups
 from ._plan import known_names
 from ._plan import switched_on
 from ._registry import PluginSelection
+from ._registry import close_match
 from ._registry import unknown_names
 from ._report import USER
 
@@ -84,6 +85,9 @@ class PatcherConfig:
         self.settings: dict[str, Any] = {}
         #: Patcher(count_calls=...); None: as ASCEND_PATCH_COUNT_CALLS says.
         self.count_calls: bool | None = None
+        #: Seconds each plugin may take to load when ASCEND_PATCH_PLUGIN_TIMEOUT is
+        #: unset: None for apply() in a program; the ascend-patch commands set theirs.
+        self.plugin_timeout: float | None = None
 
     def counting(self) -> bool:
         """Whether apply() counts the calls of patches without a runtime_check."""
@@ -252,6 +256,7 @@ class PatcherConfig:
             autoload=self.discover,
             strict=self.strict_arg,
             extra=self.extra_plugins,
+            timeout=self.plugin_timeout,
         )
 
     def set(self, name: str, value: Any, asked_by: str) -> None:
@@ -283,6 +288,9 @@ class PatcherConfig:
         for switch, names in switches:
             for name in unknown_names(names, known):
                 message = f"{switch} names {name!r}, which matches no patch, group, hook or plugin"
+                hint = close_match(name, sorted(known))
+                if hint:
+                    message += f" (did you mean {hint!r}?)"
                 if strict:
                     raise PatchDefinitionError(f"ascend-patch (strict): {message}")
                 ledger.warn(message)

@@ -20,6 +20,7 @@ from ._entries import Entry
 from ._entries import HookState
 from ._entries import Ledger
 from ._entries import LegacyState
+from ._env_flags import CLI_PLUGIN_TIMEOUT_S
 from ._metadata import MetadataCache
 from ._metadata import normalize_name
 from ._patch import EnvSetting
@@ -333,13 +334,17 @@ def collect(
     """Load the selected plugins (switches from the environment, plus these) and plan their declarations.
 
     ``disable`` names plugins to leave unloaded and patches or groups to plan as
-    disabled; ``plugins`` is an allow-list. Opt-in groups named by ``enable`` or
+    disabled; ``plugins`` is an allow-list. Each plugin gets the commands' bound
+    (:data:`~._env_flags.CLI_PLUGIN_TIMEOUT_S`) to load unless ``ASCEND_PATCH_PLUGIN_TIMEOUT``
+    is set. Opt-in groups named by ``enable`` or
     ``ASCEND_PATCH_ENABLE`` are planned as enabled, the others as held back.
     """
     meta = MetadataCache(persistent=False) if meta is None else meta
     disable = list(disable)
     selection = PluginSelection.from_env(
-        plugins=list(plugins) if plugins is not None else None, enable=list(enable)
+        plugins=list(plugins) if plugins is not None else None,
+        enable=list(enable),
+        timeout=CLI_PLUGIN_TIMEOUT_S,
     )
     loaded, records, warnings = load_plugins(selection, meta, also_disabled=disable)
     by_name = {plugin.name: plugin for plugin in loaded}

@@ -30,6 +30,7 @@ from ._declarations import collect
 from ._doctor_checks import cache_check
 from ._doctor_checks import plugin_findings
 from ._doctor_checks import stack_findings
+from ._doctor_checks import torch_findings
 from ._metadata import MetadataCache
 from ._output import Style
 from ._output import table
@@ -214,6 +215,7 @@ def diagnose(
     findings = (
         plugin_findings(inventory, disable)
         + stack_findings(facts, core)
+        + torch_findings(inventory, facts)
         + env_findings
         + cache_findings
     )

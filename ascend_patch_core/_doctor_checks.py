@@ -8,16 +8,18 @@ it) and says so in its finding.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from ._bootstrap import PTH_NAME
+from ._declarations import DeclaredPatch
 from ._declarations import Inventory
 from ._declarations import PluginInfo
 from ._npu_stack import Finding
 
 
-__all__ = ["cache_check", "plugin_findings", "stack_findings"]
+__all__ = ["cache_check", "plugin_findings", "stack_findings", "torch_findings"]
 
 
 def _empty_plugin(plugin: PluginInfo) -> str:
@@ -175,7 +177,7 @@ def stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]
                     "error", "torch-npu-import", f"import torch_npu failed: {npu['import_detail']}"
                 )
             )
-    else:
+    elif torch["installed"]:  # without torch, torch_findings says what is missing
         hint = (
             "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
             if core["emulator_entry_point"]
@@ -188,6 +190,44 @@ def stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]
     elif devices["npu_smi"] and not devices["devices"]:
         out.append(Finding("warning", "no-devices", "npu-smi lists no NPU"))
     return out
+
+
+#: Requirement names (normalized) and libraries that mean "needs PyTorch".
+_TORCH = ("torch", "torch-npu", "torch_npu")
+
+
+def _needs_torch(patch: DeclaredPatch) -> bool:
+    if patch.library in _TORCH:
+        return True
+    for requirement in patch.requirements:
+        # "torch>=2.1", "torch-npu", "mmcv | torch": any alternative naming torch.
+        for alternative in requirement.text.split("|"):
+            name = re.split(r"[\s<>=!~;\[(]", alternative.strip(), maxsplit=1)[0]
+            if name.lower().replace("_", "-") in ("torch", "torch-npu"):
+                return True
+    return False
+
+
+def torch_findings(inventory: Inventory, facts: dict[str, Any]) -> list[Finding]:
+    """Without torch, what needs it cannot apply: an error naming the plugins, not an "ok"."""
+    if facts["torch"]["installed"] or facts["torch_npu"]["installed"]:
+        return []  # (torch_npu without torch is stack_findings' torch-missing error)
+    needing = []
+    for plugin in inventory.loaded():
+        count = sum(_needs_torch(p) for p in plugin.patches)
+        if count:
+            needing.append(f"{count} of plugin {plugin.name!r}")
+    if not needing:
+        return [Finding("note", "no-torch", "torch is not installed (no loaded plugin patches it)")]
+    return [
+        Finding(
+            "error",
+            "torch-missing",
+            "torch is not installed, so the patches that need it cannot apply here: "
+            f"{', '.join(needing)}. Install torch (pip install torch; on an NPU machine the "
+            "version your torch_npu release pairs with)",
+        )
+    ]
 
 
 _SECURITY = "see docs/security.md"
@@ -210,6 +250,24 @@ def cache_check() -> tuple[dict[str, Any], list[Finding]]:
         return info, out
     if cache.repaired:
         out.append(Finding("note", "cache-repaired", f"metadata cache: {cache.repaired}"))
+    directory = os.path.dirname(path)
+    unusable = _unusable_directory(directory)
+    if unusable is not None and (unusable[0] or not cache.refused):
+        # What is really wrong (a file in its place, a directory this user cannot write),
+        # said before the owner-and-mode advice, which does not fit these cases.
+        what, fix = unusable[1:]
+        info["detail"] = info["detail"] or what
+        out.append(
+            Finding(
+                "warning",
+                "cache-unwritable",
+                f"metadata cache: {what}, so the cache is never written and every run reads "
+                f"the installed distributions again (slower start-up). {fix}",
+            )
+        )
+        if unusable[0]:  # neither read nor written
+            info["state"] = "refused"
+            return info, out
     if cache.refused:
         info.update(state="refused", detail=cache.refused)
         out.append(
@@ -255,6 +313,48 @@ def cache_check() -> tuple[dict[str, Any], list[Finding]]:
         else:
             info["state"] = "valid"
     return info, out
+
+
+def _unusable_directory(directory: str) -> tuple[bool, str, str] | None:
+    """``(not a directory, what is wrong, the fix)`` when the cache cannot be written there.
+
+    A file in place of the directory (or of a parent it would be created in), or a
+    directory this user cannot write (its permissions, a read-only file system), with
+    the OS's own reason (EACCES, EROFS ...): found by trying, as the cache would, with
+    a probe file created and removed at once.
+    """
+    import errno
+    import tempfile
+
+    elsewhere = (
+        "or set ASCEND_PATCH_CACHE_DIR to another directory"
+        if os.environ.get("ASCEND_PATCH_CACHE_DIR")
+        else "or set ASCEND_PATCH_CACHE_DIR to a directory of yours"
+    )
+    existing = directory
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)  # the directory is created there when missing
+    if existing == directory:
+        place = f"the cache directory {directory}"
+    else:
+        place = f"{existing}, where the cache directory {directory} would be created,"
+    if os.path.lexists(existing) and not os.path.isdir(existing):
+        return (
+            True,
+            f"{place} is a file, not a directory",
+            f"Move that file away (the directory is created when missing), {elsewhere}.",
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ascend-patch-doctor-", dir=existing)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            fix = "Set ASCEND_PATCH_CACHE_DIR to a directory on a writable file system."
+        else:
+            fix = f"Make it writable for this user (chmod u+w {existing}), {elsewhere}."
+        return False, f"{place} is not writable ({exc.strerror or type(exc).__name__})", fix
+    return None
 
 
 def _differences(answers: dict[str, Any]) -> list[str]:

@@ -442,7 +442,7 @@ def _run_precheck(patch: Any, original: Any) -> None:
         ok = patch.call_precheck(original)
     except SkipPatch as skip:
         raise Skip(str(skip) or "precheck skipped the patch") from skip
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a plugin's sys.exit() fails its patch only
         raise PatchError(f"precheck raised {type(exc).__name__}: {exc}") from exc
     if not ok:
         raise Skip("precheck returned False")

@@ -80,7 +80,7 @@ class HookRunner:
             bad = [p for p in produced if not isinstance(p, AtomicPatch)]
             if bad:
                 raise TypeError(f"returned {bad[0]!r}; expected AtomicPatch objects")
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() fails its hook only
             message = f"callback failed on {name}: {type(exc).__name__}: {exc}"
             state.record.warnings.append(message)
             if self._strict():
@@ -124,7 +124,7 @@ class HookRunner:
             # version of the module does not have -- not applicable here, not a defect.
             state.record.set(SKIPPED, f"{module.__name__} lacks what it patches: {exc}")
             return
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             state.record.set(FAILED, f"{type(exc).__name__}: {exc}")
             if self._strict():
                 from ._strict import strict_failure

@@ -73,6 +73,10 @@ KNOWN_VARIABLES: dict[str, str] = {
     "ASCEND_PATCH_PLUGINS": "ascend-patch: load only these plugins",
     "ASCEND_PATCH_AUTOLOAD": "ascend-patch: 0 turns plugin discovery off",
     "ASCEND_PATCH_STRICT": "ascend-patch: 1 makes every failure raise",
+    "ASCEND_PATCH_PLUGIN_TIMEOUT": (
+        "ascend-patch: seconds each plugin may take to load (0: no bound; default 10 in the"
+        " commands, none for apply())"
+    ),
     "ASCEND_PATCH_RUN": "ascend-patch: set by `ascend-patch run` for the processes it starts",
     "ASCEND_PATCH_EMULATED_DEVICES": (
         "ascend-patch: how many NPUs the emulator provides (default: torchrun's"

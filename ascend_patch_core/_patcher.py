@@ -22,6 +22,7 @@ from typing import TypeVar
 from ._config import PatcherConfig
 from ._config import name_of
 from ._entries import Ledger
+from ._env_flags import check_switches
 from ._installer import Installer
 from ._metadata import metadata
 from ._patch import AtomicPatch
@@ -330,6 +331,8 @@ class Patcher:
             applying = self._installer.applying_thread
             finished = self._apply_finished if applying is not None else None
             if finished is None:
+                # Every switch at once, as the commands check them: one verdict, one message.
+                check_switches()
                 selection = self._config.selection()
                 self._installer.count_calls = self._config.counting()
                 self._ledger.start_report()

@@ -231,8 +231,15 @@ def _plan_group(
     try:
         # None is "nothing here", as from a plugin hook or a ModuleHook callback.
         children = list(group.patches(declaration.options) or ())
-    except Exception as exc:
-        group_record(FAILED, f"{group.__qualname__}.patches() raised {type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a plugin's sys.exit() fails its group only
+        raised = (
+            f"called sys.exit({exc.code!r})"
+            if isinstance(exc, SystemExit)
+            else f"raised {type(exc).__name__}: {exc}"
+        )
+        group_record(FAILED, f"{group.__qualname__}.patches() {raised}")
         return
     if not children and not dry_run:
         # Said, not skipped in silence: an op group with no kernel on this machine.

@@ -39,7 +39,7 @@ def build_replacement(
             if patch.target_wrapper is None:
                 raise Skip(f"replacement {patch.replacement!r} is not importable: {exc}") from exc
             replacement = None
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() fails its patch only
             # The module imports but the name is not in it (or its import raised): the
             # declaration is wrong for the code installed, a defect -- FAILED, not SKIPPED.
             raise PatchError(
@@ -52,12 +52,12 @@ def build_replacement(
             raise Skip("target_wrapper has no original to wrap (the target is None)")
         try:
             replacement = patch.target_wrapper(original)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise PatchError(f"target_wrapper raised {type(exc).__name__}: {exc}") from exc
     if patch.replacement_wrapper is not None:
         try:
             replacement = patch.replacement_wrapper(replacement)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise PatchError(f"replacement_wrapper raised {type(exc).__name__}: {exc}") from exc
     if patch.runtime_check is None:
         return replacement, replacement

@@ -30,6 +30,7 @@ from ._run_program import load_script
 
 __all__ = [
     "EMULATED_DEVICES_VAR",
+    "MAX_EMULATED_DEVICES",
     "OPTIONS_WITH_VALUE",
     "RunTarget",
     "UsageError",
@@ -50,6 +51,8 @@ OPTIONS_WITH_VALUE = (
 #: How many NPUs the emulator provides; read by the emulator in every process, so
 #: ``--emulated-devices`` reaches torchrun's ranks through the environment.
 EMULATED_DEVICES_VAR = "ASCEND_PATCH_EMULATED_DEVICES"
+#: The most NPUs the emulator provides (its MAX_DEVICES): torch's device index is 8-bit.
+MAX_EMULATED_DEVICES = 128
 
 #: Frames of these files are the launcher's, not the program's: tracebacks leave them out.
 _LAUNCHER_FILES = frozenset({__file__, _run_program.__file__, _script_source.__file__})
@@ -114,8 +117,11 @@ def options_from_args(ns: Any) -> RunOptions:
     if devices is not None:
         if not emulate:
             raise UsageError("--emulated-devices N sets how many NPUs --emulate-npu provides")
-        if devices < 1:
-            raise UsageError(f"--emulated-devices must be a positive number, got {devices}")
+        if not 1 <= devices <= MAX_EMULATED_DEVICES:
+            raise UsageError(
+                f"--emulated-devices must be a positive number, at most {MAX_EMULATED_DEVICES} "
+                f"(torch's device index is 8-bit), got {devices}"
+            )
         os.environ[EMULATED_DEVICES_VAR] = str(devices)
     return RunOptions(
         disable=_names(ns.disable),
@@ -149,6 +155,7 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
     except NotRunnable as exc:  # python prints it and exits 1, as here
         _print_uncaught(exc.error)
         return 1
+    _check_plugin_names(options)
     if options.report is not None:
         import tempfile
 
@@ -162,7 +169,11 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
         report = _bootstrap.start(options, role="main")
     except _bootstrap.StartError as exc:
         raise UsageError(str(exc)) from None
-    except PatchError as exc:  # strict mode (--strict or ASCEND_PATCH_STRICT=1)
+    except PatchError as exc:
+        if not str(exc).startswith(_bootstrap.STRICT_PREFIX):
+            # Not a failure strict mode turned into an error, but one apply() raises in
+            # any mode (a bad switch, conflicting groups): a usage error, said as it is.
+            raise UsageError(str(exc)) from None
         _bootstrap.set_exit_status(1)
         stopped = "the program before its first line"
         raise UsageError(_bootstrap.strict_stop_message(exc, stopped=stopped), status=1) from None
@@ -178,10 +189,49 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
         _print_uncaught(exc.error)
         _bootstrap.set_exit_status(1)
         return 1
+    if not options.emulate_npu:  # said of a program that is about to run, not of a typo
+        _say_redirects_inactive(report, target)
     prepare()
     status = _execute(code)
     _bootstrap.set_exit_status(status)
     return status
+
+
+def _check_plugin_names(options: RunOptions) -> None:
+    """An allow-list name that no installed plugin has is a usage error, said with a "did you mean".
+
+    ``--plugins torhc`` would otherwise run the program with no plugin at all, which
+    looks like a run that worked; nobody lists a plugin they do not want loaded.
+    """
+    if options.plugins is not None:
+        switch, names = "--plugins", list(options.plugins)
+    else:
+        switch = "ASCEND_PATCH_PLUGINS"
+        names = list(_names([os.environ.get(switch, "")]))
+    if not names:
+        return
+    from ._hookspecs import PROJECT_NAME
+    from ._metadata import metadata
+    from ._metadata import normalize_name
+    from ._registry import close_match
+    from ._registry import unknown_names
+
+    installed = metadata.entry_points(PROJECT_NAME)
+    known = {i.name for i in installed} | {normalize_name(i.distribution) for i in installed}
+    problems = []
+    for name in unknown_names(names, known):
+        hint = close_match(name, sorted(i.name for i in installed))
+        listed = ", ".join(sorted(i.name for i in installed)) or "none"
+        problems.append(
+            f"{switch} names {name!r}, which is not an installed plugin "
+            + (
+                f"(did you mean {hint!r}? installed: {listed})"
+                if hint
+                else f"(installed: {listed})"
+            )
+        )
+    if problems:
+        raise UsageError("; ".join(problems))
 
 
 def _check_report_path(path: str) -> None:
@@ -199,9 +249,12 @@ def _check_report_path(path: str) -> None:
 
 
 def _say_broken_plugins(report: Any) -> None:
-    """One line per plugin left out (without -v the report is not printed, and --strict is off)."""
+    """One line per plugin left out, and per warning (an unknown name in --disable, say):
+    without -v the report is not printed, and --strict is off."""
     from ._report import FAILED
 
+    for warning in report.warnings:
+        print(f"ascend-patch run: warning: {warning}", file=sys.stderr)
     for record in report.records:
         if record.kind == "plugin" and record.status is FAILED:
             print(
@@ -209,6 +262,41 @@ def _say_broken_plugins(report: Any) -> None:
                 "(-v prints the report at exit; --strict stops instead)",
                 file=sys.stderr,
             )
+
+
+def _say_redirects_inactive(report: Any, target: RunTarget) -> None:
+    """One stderr line when torch_npu is missing and plugins hold their CUDA->NPU patches back.
+
+    Without it the program runs as under plain python -- on the CPU, or CUDA -- and
+    nothing says so; the way to run its NPU code paths here is the emulator. Said once,
+    in the process run runs the program in (its children do not repeat it).
+    """
+    import importlib.util
+
+    from ._report import SKIPPED
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        return
+    held = [
+        r
+        for r in report.records
+        if r.kind == "group" and r.status is SKIPPED and "torch-npu" in (r.reason or "")
+    ]
+    if not held:
+        return  # no loaded plugin redirects anything to the NPU
+    from ._bootstrap import EMULATOR_GROUP
+    from ._metadata import metadata
+
+    program = " ".join(["-m", target.name] if target.kind == "module" else [target.name])
+    how = f"ascend-patch run --emulate-npu {program} ..."
+    if metadata.entry_point(EMULATOR_GROUP, "torch_npu") is None:
+        how = f"pip install 'ascend-patch-core[emulator]', then {how}"
+    print(
+        f"ascend-patch run: note: torch_npu is not installed, so the CUDA->NPU redirects are "
+        f"inactive ({len(held)} patch group{'s' if len(held) != 1 else ''} need it) and the "
+        f"program runs as under python. To run its NPU code paths on the CPU: {how}",
+        file=sys.stderr,
+    )
 
 
 def _execute(code: types.CodeType) -> int:

@@ -77,9 +77,18 @@ def _fresh_main(**attributes: Any) -> types.ModuleType:
 
 
 def _resolve_script(name: str) -> str:
-    """The file to run: ``name`` itself, or a Python script found on PATH (``torchrun``)."""
-    if os.path.exists(name):
+    """The file to run: ``name`` itself, or a Python script found on PATH (``torchrun``).
+
+    Only a file that is not there is looked for on PATH; any other reason it cannot be
+    reached (EACCES, ENOTDIR, ELOOP ...) is said as ``python`` says it, with its errno.
+    """
+    try:
+        os.stat(name)
         return name
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise UsageError(_cannot_open(name, exc)) from None
     import shutil
 
     if os.sep not in name and (os.altsep is None or os.altsep not in name):
@@ -94,6 +103,11 @@ def _resolve_script(name: str) -> str:
     raise UsageError(
         f"can't open file {os.path.abspath(name)!r}: [Errno 2] No such file or directory"
     )
+
+
+def _cannot_open(name: str, exc: OSError) -> str:
+    """python's words for a script it cannot open: the errno and the OS's reason, not the path twice."""
+    return f"can't open file {os.path.abspath(name)!r}: [Errno {exc.errno}] {exc.strerror}"
 
 
 def _is_python_script(path: str) -> bool:
@@ -124,7 +138,7 @@ def load_script(target: RunTarget) -> tuple[types.CodeType, Callable[[], None]]:
                 source = fh.read()
             code = compile_script(source, abspath)
     except OSError as exc:
-        raise UsageError(f"can't open file {abspath!r}: {exc}") from None
+        raise UsageError(_cannot_open(abspath, exc)) from None
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise NotRunnable(exc) from None
 

@@ -74,6 +74,7 @@ def load_declarations(
             selection.strict,
             selection.extra,
             selection.enable,
+            selection.timeout,
         )
     disabled = set(disabled)
     plugins, records, warnings = load_plugins(selection, metadata, disabled)

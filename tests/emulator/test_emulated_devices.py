@@ -11,10 +11,12 @@ import ascend_patch_emulator as emulator
 import pytest
 import torch
 from ascend_patch_emulator._activate import DEVICES_VARIABLE
+from ascend_patch_emulator._activate import MAX_DEVICES
 from ascend_patch_emulator._activate import resolve_device_count
 
 from ascend_patch_core._npu_stack import KNOWN_VARIABLES
 from ascend_patch_core._run import EMULATED_DEVICES_VAR
+from ascend_patch_core._run import MAX_EMULATED_DEVICES
 
 
 @pytest.fixture
@@ -37,6 +39,24 @@ def test_default_is_one_then_torchruns_local_world_size_then_the_variable(clean_
     clean_env.setenv(DEVICES_VARIABLE, "0")
     with pytest.raises(ValueError, match="positive"):
         resolve_device_count()
+
+
+def test_the_count_is_bounded_by_torch_s_8_bit_device_index(clean_env):
+    """99999999999 NPUs used to pass, then fail with a bare MemoryError; 128 is torch's limit."""
+    assert torch.device("cpu", MAX_DEVICES - 1).index == MAX_DEVICES - 1
+    assert torch.device("cpu", MAX_DEVICES).index != MAX_DEVICES  # wraps around
+    assert MAX_EMULATED_DEVICES == MAX_DEVICES  # run --emulated-devices says the same bound
+    clean_env.setenv(DEVICES_VARIABLE, str(MAX_DEVICES))
+    assert resolve_device_count() == MAX_DEVICES
+    for value in (str(MAX_DEVICES + 1), "99999999999", "\u0661"):  # the last: an Arabic-Indic 1
+        clean_env.setenv(DEVICES_VARIABLE, value)
+        with pytest.raises(ValueError, match=f"at most {MAX_DEVICES}"):
+            resolve_device_count()
+    with pytest.raises(ValueError, match=f"at most {MAX_DEVICES}"):
+        resolve_device_count(MAX_DEVICES + 1)
+    clean_env.delenv(DEVICES_VARIABLE)
+    clean_env.setenv("LOCAL_WORLD_SIZE", "99999999999")  # not torchrun's: the default instead
+    assert resolve_device_count() == 1
 
 
 def test_activation_reads_the_environment(clean_env):

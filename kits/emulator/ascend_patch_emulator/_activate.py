@@ -29,6 +29,7 @@ from ._schemas import available_versions
 
 __all__ = [
     "DEVICES_VARIABLE",
+    "MAX_DEVICES",
     "EmulatorHandle",
     "EmulatorWarning",
     "activate",
@@ -43,6 +44,10 @@ _log = logging.getLogger("ascend_patch.emulator")
 #: How many NPUs to emulate, for processes that do not call :func:`activate` themselves
 #: (``ascend-patch run --emulated-devices N`` sets it for the program and its children).
 DEVICES_VARIABLE = "ASCEND_PATCH_EMULATED_DEVICES"
+#: The most NPUs one process can emulate: torch keeps a device index in 8 bits, so
+#: ``torch.device("npu", 128)`` is already ``npu:-128`` (and a huge count would only
+#: exhaust memory building per-device state).
+MAX_DEVICES = 128
 _lock = threading.RLock()
 
 
@@ -149,15 +154,24 @@ def resolve_device_count(device_count: int | None = None) -> int:
     if device_count is None:
         text = os.environ.get(DEVICES_VARIABLE, "").strip()
         if text:
-            if not text.isdigit() or int(text) < 1:
+            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_DEVICES:
                 raise ValueError(
-                    f"{DEVICES_VARIABLE} must be a positive number of NPUs to emulate, got {text!r}"
+                    f"{DEVICES_VARIABLE} must be a positive number of NPUs to emulate, at most "
+                    f"{MAX_DEVICES} (torch's device index is 8-bit), got {text!r}"
                 )
             return int(text)
         local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-        return int(local) if local.isdigit() and int(local) >= 1 else 1
-    if not isinstance(device_count, int) or isinstance(device_count, bool) or device_count < 1:
-        raise ValueError(f"device_count must be a positive int, got {device_count!r}")
+        if local.isascii() and local.isdigit() and 1 <= int(local) <= MAX_DEVICES:
+            return int(local)
+        return 1
+    if (
+        not isinstance(device_count, int)
+        or isinstance(device_count, bool)
+        or not 1 <= device_count <= MAX_DEVICES
+    ):
+        raise ValueError(
+            f"device_count must be a positive int, at most {MAX_DEVICES}, got {device_count!r}"
+        )
     return device_count
 
 
