@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_BYTES",
+    "NotARegularFile",
     "cache_location",
     "file_kind",
     "open_regular",
@@ -55,6 +56,7 @@ MAX_BYTES = 1024 * 1024
 _LOOSE = stat.S_IWGRP | stat.S_IWOTH
 #: Fresh random names tried for a temporary file before giving up.
 _TEMP_ATTEMPTS = 8
+_REPLACED = "it is not read, and is replaced"
 #: Symbolic links followed while reaching the cache directory (Linux's own limit).
 _MAX_LINKS = 40
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -255,21 +257,30 @@ def _trusted_directory(
 # ---------------------------------------------------------------------------- the file
 
 
+class NotARegularFile(OSError):
+    """A FIFO, a device, a socket, a directory where a regular file was to be read."""
+
+    def __init__(self, name: str, mode: int) -> None:
+        #: What it is: 'a FIFO', 'a character device'...
+        self.kind = file_kind(mode)
+        super().__init__(errno.EINVAL, f"{self.kind}, not a regular file", name)
+
+
 def open_regular(
     name: str, *, dir_fd: int | None = None, follow: bool = True
 ) -> tuple[int, os.stat_result]:
     """Open ``name`` for reading when it is a regular file: ``(blocking fd, its stat)``.
 
     Opened non-blocking, so that a FIFO does not wait for a writer, and checked on the
-    descriptor. Raises OSError: ``errno.ELOOP`` for a link (``follow`` false), and an
-    OSError whose message says what the file is when it is not a regular file.
+    descriptor. Raises OSError: ``errno.ELOOP`` for a link (``follow`` false),
+    :class:`NotARegularFile` for anything but a regular file.
     """
     flags = _READ_FLAGS if follow else _READ_FLAGS | _NOFOLLOW
     fd = os.open(name, flags, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, f"{file_kind(st.st_mode)}, not a regular file", name)
+            raise NotARegularFile(name, st.st_mode)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -330,7 +341,9 @@ def _read_file(dir_fd: int, path: str, name: str) -> tuple[bytes | None, str | N
         fd, st = open_regular(name, dir_fd=dir_fd, follow=False)
     except FileNotFoundError:
         return None, None, None
-    except OSError as exc:  # ELOOP: a symbolic link; a FIFO, a device...
+    except NotARegularFile as exc:
+        return None, f"the cache file {path} is {exc.kind}, not a regular file; {_REPLACED}", None
+    except OSError as exc:  # ELOOP: a symbolic link
         return None, f"the cache file {path} cannot be opened safely ({exc.strerror})", None
     try:
         problem = untrusted(st, f"the cache file {path}")
@@ -341,7 +354,7 @@ def _read_file(dir_fd: int, path: str, name: str) -> tuple[bytes | None, str | N
             if len(data) <= MAX_BYTES:
                 return data, None, None
             problem = f"the cache file {path} is more than {MAX_BYTES} bytes, more than any cache"
-        return None, f"{problem}; it is not read, and is replaced", None
+        return None, f"{problem}; {_REPLACED}", None
     finally:
         os.close(fd)
 

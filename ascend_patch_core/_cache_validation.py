@@ -73,6 +73,9 @@ _ACTIONS: bytes | None = None
 _MAX_DEPTH = 32
 #: The largest integer a cache holds is a time in nanoseconds (5 digits of 15 bits).
 _MAX_LONG_DIGITS = 16
+#: Objects in one cache: ~4 per installed distribution, ~15,000 for 3,000 of them. The
+#: walk stops beyond this, so a file of one-byte objects costs no more than a scan.
+_MAX_OBJECTS = 100_000
 
 
 def _actions() -> bytes:
@@ -99,6 +102,7 @@ def stream_problem(data: bytes) -> str | None:
     pos = refs = 0
     stack: list[int] = []
     left = 1  # items still needed by the innermost open container: the top level needs one
+    budget = _MAX_OBJECTS
     while True:
         if left == 0:
             if not stack:
@@ -107,6 +111,9 @@ def stream_problem(data: bytes) -> str | None:
             continue
         if pos >= end:
             return "the file ends inside an object"
+        budget -= 1
+        if budget < 0:
+            return f"it holds more than {_MAX_OBJECTS} objects, more than any cache"
         code = data[pos]
         action = actions[code]
         pos += 1
