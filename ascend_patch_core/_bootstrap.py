@@ -20,7 +20,6 @@ cannot be wrapped by ``ascend-patch run`` can export it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -398,21 +397,20 @@ def _write_report() -> None:
     options = _started
     if options is None or options.report is None:
         return
+    from . import _run_parts
     from ._report_file import write_json
 
     try:
         is_main = _role == "main" and options.main_pid == os.getpid()
         if not is_main:  # a child, or a forked copy of the main process
             # A process that outlives the main one (multiprocessing's resource tracker)
-            # finds the directory gone: its report has no reader any more.
+            # leaves nothing: its report has no reader any more.
             if options.report_parts:
                 entry = _process_entry()
                 entry["role"] = "child"
-                part = os.path.join(options.report_parts, f"{os.getpid()}.json")
-                with contextlib.suppress(FileNotFoundError):
-                    write_json(part, entry, create_directory=False)
+                _run_parts.deliver(options.report_parts, options.main_pid, entry)
             return
-        children = _collect_parts(options.report_parts)
+        children = _run_parts.collect(options.report_parts)
         data = {
             "schema": RUN_REPORT_SCHEMA,
             "exit_status": _exit_status,
@@ -430,22 +428,3 @@ def _write_report() -> None:
             f"{type(exc).__name__}: {exc}",
             file=sys.stderr,
         )
-
-
-def _collect_parts(directory: str | None) -> list[dict[str, Any]]:
-    if not directory or not os.path.isdir(directory):
-        return []
-    import shutil
-
-    parts: list[dict[str, Any]] = []
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".json"):
-            continue
-        try:
-            with open(os.path.join(directory, name), encoding="utf-8") as fh:
-                parts.append(json.load(fh))
-        except (OSError, ValueError):
-            continue  # a child killed while writing
-    shutil.rmtree(directory, ignore_errors=True)
-    parts.sort(key=lambda p: int(p.get("pid", 0)))
-    return parts

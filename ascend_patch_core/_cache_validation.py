@@ -1,7 +1,13 @@
 """What a metadata cache may say: every field checked, every answer tied to an installed distribution.
 
-A cache that fails here is discarded and rebuilt (docs/security.md). Two checks:
+A cache that fails here is discarded and rebuilt (docs/security.md). Three checks:
 
+* :func:`stream_problem` -- before ``marshal`` reads the bytes: they hold one object
+  of the types the writer uses (mappings, lists, tuples, strings, integers, None,
+  booleans) and every list or tuple announces no more items than bytes follow.
+  ``marshal`` allocates an announced list before reading it, so 100 kB of ``[``
+  bytes (each a list of 1.5 billion items, nested) cost it minutes; this walk is
+  linear in the file's size and allocates nothing per announced item;
 * :func:`shape_problem` -- every field has the type and form the writer gives it, so
   no malformed inner field can reach ``apply()``;
 * :func:`binding_problem` -- every answer names the metadata directory (``*.dist-info``,
@@ -23,6 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 from typing import TypeGuard
 
+from ._cache_file import MAX_BYTES
+from ._cache_file import open_regular
 from ._fingerprint import METADATA_SUFFIXES
 
 
@@ -34,6 +42,7 @@ __all__ = [
     "origin",
     "requirement_names",
     "shape_problem",
+    "stream_problem",
 ]
 
 #: name, value, group, distribution, version, sys.path entry, metadata directory name.
@@ -41,6 +50,132 @@ ROW_FIELDS = 7
 # What a distribution name is made of (PEP 508); no regular expression: this module is
 # imported by every ``import ascend_patch_core``.
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+# -- the marshal stream ------------------------------------------------------------------
+
+# What ``stream_problem`` does with each type byte (the FLAG_REF bit, 0x80, aside).
+_BAD, _PLAIN, _STR1, _STR4, _INT, _LIST, _SMALL_TUPLE, _DICT, _LONG, _REF, _NULL = range(11)
+_TYPE_ACTIONS = (
+    (b"NFT", _PLAIN),  # None, False, True
+    (b"zZ", _STR1),  # short ASCII strings: a 1-byte length
+    (b"auAt", _STR4),  # other strings: a 4-byte length
+    (b"i", _INT),
+    (b"[(", _LIST),  # list, tuple: a 4-byte item count
+    (b")", _SMALL_TUPLE),  # a 1-byte item count
+    (b"{", _DICT),  # key, value, ... ended by '0'
+    (b"l", _LONG),  # a 4-byte signed count of 2-byte digits
+    (b"r", _REF),  # a 4-byte index of an earlier object
+    (b"0", _NULL),  # the end of a mapping
+)
+_ACTIONS: bytes | None = None
+#: No cache nests deeper than ~5 levels; marshal itself allows 2000.
+_MAX_DEPTH = 32
+#: The largest integer a cache holds is a time in nanoseconds (5 digits of 15 bits).
+_MAX_LONG_DIGITS = 16
+#: Objects in one cache: ~4 per installed distribution, ~15,000 for 3,000 of them. The
+#: walk stops beyond this, so a file of one-byte objects costs no more than a scan.
+_MAX_OBJECTS = 100_000
+
+
+def _actions() -> bytes:
+    global _ACTIONS
+    if _ACTIONS is None:  # built on first use: import time is budgeted
+        table = bytearray(256)
+        for codes, action in _TYPE_ACTIONS:
+            for code in codes:
+                table[code] = table[code | 0x80] = action
+        _ACTIONS = bytes(table)
+    return _ACTIONS
+
+
+def stream_problem(data: bytes) -> str | None:
+    """Why ``data`` is not one marshalled object of the cache's types, or None.
+
+    One pass over the bytes, without recursion; strings are skipped by their length.
+    Each open list, tuple or mapping is one entry on a stack: the items it still
+    needs (a mapping: -1 when a key or its end comes next, -2 for a value).
+    """
+    actions = _actions()
+    from_bytes = int.from_bytes
+    end = len(data)
+    pos = refs = 0
+    stack: list[int] = []
+    left = 1  # items still needed by the innermost open container: the top level needs one
+    budget = _MAX_OBJECTS
+    while True:
+        if left == 0:
+            if not stack:
+                break
+            left = stack.pop()
+            continue
+        if pos >= end:
+            return "the file ends inside an object"
+        budget -= 1
+        if budget < 0:
+            return f"it holds more than {_MAX_OBJECTS} objects, more than any cache"
+        code = data[pos]
+        action = actions[code]
+        pos += 1
+        if code & 0x80:
+            refs += 1
+        if left > 0:
+            left -= 1
+        elif left == -1:
+            if action == _NULL:
+                left = 0
+                continue
+            left = -2
+        else:
+            left = -1
+        if action == _STR1:
+            if pos >= end:
+                return "the file ends inside a string"
+            pos += 1 + data[pos]
+        elif action == _STR4:
+            pos += 4 + from_bytes(data[pos : pos + 4], "little")
+        elif action == _PLAIN:
+            pass
+        elif action == _INT:
+            pos += 4
+        elif action in (_LIST, _SMALL_TUPLE):
+            if action == _LIST:
+                count = from_bytes(data[pos : pos + 4], "little")
+                pos += 4
+            else:
+                count = data[pos] if pos < end else 0
+                pos += 1
+            if count > end - pos:
+                return (
+                    f"a list at byte {pos - 5 if action == _LIST else pos - 2} announces {count} "
+                    f"items, but only {max(end - pos, 0)} bytes follow"
+                )
+            if len(stack) >= _MAX_DEPTH:
+                return f"it is malformed, nested deeper than {_MAX_DEPTH} levels"
+            stack.append(left)
+            left = count
+        elif action == _DICT:
+            if len(stack) >= _MAX_DEPTH:
+                return f"it is malformed, nested deeper than {_MAX_DEPTH} levels"
+            stack.append(left)
+            left = -1
+        elif action == _LONG:
+            digits = from_bytes(data[pos : pos + 4], "little", signed=True)
+            if not -_MAX_LONG_DIGITS <= digits <= _MAX_LONG_DIGITS:
+                return f"an integer at byte {pos - 1} announces {abs(digits)} digits"
+            pos += 4 + 2 * abs(digits)
+        elif action == _REF:
+            if from_bytes(data[pos : pos + 4], "little") >= refs:
+                return f"a reference at byte {pos - 1} names no earlier object"
+            pos += 4
+        else:
+            what = "the end of a mapping" if action == _NULL else f"type byte {code:#04x}"
+            return f"it holds {what} at byte {pos - 1}, which no cache holds there"
+    if pos > end:
+        return "the file ends inside an object"
+    if pos < end:
+        return f"{end - pos} bytes follow the cache"
+    return None
 
 
 def normalize_name(name: str) -> str:
@@ -205,7 +340,8 @@ def _header_version(path: str) -> str | None:
     )
     for candidate in candidates:
         try:
-            with open(candidate, encoding="utf-8", errors="replace") as fh:
+            fd, _ = open_regular(candidate)  # a FIFO named METADATA must not block apply()
+            with open(fd, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     if not line.strip():
                         return None  # end of the headers
@@ -289,8 +425,10 @@ class _Binder:
         path = os.path.join(entry or ".", meta, "entry_points.txt")
         if path not in self.entry_points:
             try:
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    self.entry_points[path] = fh.read()
+                fd, st = open_regular(path)
+                with open(fd, encoding="utf-8", errors="replace") as fh:
+                    # Bounded: a huge file declares nothing a plugin would.
+                    self.entry_points[path] = fh.read(MAX_BYTES) if st.st_size <= MAX_BYTES else ""
             except OSError:
                 self.entry_points[path] = ""
         if not _declares(self.entry_points[path], group, name, value):

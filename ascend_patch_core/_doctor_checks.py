@@ -246,6 +246,20 @@ def cache_check() -> tuple[dict[str, Any], list[Finding]]:
     path, answers = cache.audit()
     info: dict[str, Any] = {"path": path, "state": "disabled", "detail": None}
     out: list[Finding] = []
+    if cache.ignored:
+        out.append(Finding("note", "cache-setting-ignored", f"metadata cache: {cache.ignored}"))
+    if cache.unplaced:
+        info.update(state="memory-only", detail=cache.unplaced)
+        out.append(
+            Finding(
+                "warning",
+                "cache-memory-only",
+                f"metadata cache: {cache.unplaced}, so the cache is kept in memory only and "
+                "every run reads the installed distributions again (slower start-up). Set "
+                "ASCEND_PATCH_CACHE_DIR (or XDG_CACHE_HOME, or HOME) to an absolute path",
+            )
+        )
+        return info, out
     if path is None:
         return info, out
     if cache.repaired:

@@ -12,18 +12,19 @@ A cache hit imports neither importlib.metadata nor packaging. The cache is a ``m
 
 The cache says which modules ``apply()`` imports, so it is guarded (docs/security.md):
 it lives in a 0700 directory as a 0600 file, is read only when this user owns both
-and nobody else can write them (:mod:`._cache_file`), and every field of it is
-checked, every answer tied to an installed distribution's metadata directory
-(:mod:`._cache_validation`). A cache that fails a check is discarded and rebuilt.
+and nobody else can write them (:mod:`._cache_file`), its bytes are checked before
+marshal reads them, and every field of it is checked, every answer tied to an
+installed distribution's metadata directory (:mod:`._cache_validation`). A cache that
+fails a check is discarded and rebuilt.
 
-Controls: ``ASCEND_PATCH_CACHE=0`` disables it; ``ASCEND_PATCH_CACHE_DIR`` moves it
-(default ``$XDG_CACHE_HOME/ascend-patch`` or ``~/.cache/ascend-patch``).
+Controls: ``ASCEND_PATCH_CACHE=0`` disables it; ``ASCEND_PATCH_CACHE_DIR`` (an absolute
+path) moves it (default ``$XDG_CACHE_HOME/ascend-patch`` or ``~/.cache/ascend-patch``;
+where neither is usable the answers are kept in memory only, see :attr:`MetadataCache.unplaced`).
 """
 
 from __future__ import annotations
 
 import binascii
-import contextlib
 import marshal
 import os
 import sys
@@ -120,11 +121,6 @@ class EntryPointInfo(Value):
         return None
 
 
-def _default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ascend-patch")
-
-
 class MetadataCache:
     """Entry points and distribution versions of this interpreter's ``sys.path``."""
 
@@ -144,6 +140,11 @@ class MetadataCache:
         self.rejected: str | None = None
         #: What was made private again (a directory an older release left open), or None.
         self.repaired: str | None = None
+        #: Why there is no place for the disk cache (a relative ASCEND_PATCH_CACHE_DIR, no
+        #: usable home directory): the answers are kept in memory only. Or None.
+        self.unplaced: str | None = None
+        #: A location setting that was skipped (a relative XDG_CACHE_HOME), or None.
+        self.ignored: str | None = None
 
     # -- fingerprint & storage ----------------------------------------------------
 
@@ -155,13 +156,18 @@ class MetadataCache:
 
         return self.persistent and env_flag("ASCEND_PATCH_CACHE", True)
 
-    def _path(self) -> str:
-        directory = os.environ.get("ASCEND_PATCH_CACHE_DIR") or _default_cache_dir()
+    def _where(self) -> tuple[str | None, str, bool]:
+        """``(cache directory or None, file name, ours)``; notes why there is no directory."""
+        directory, ours, self.unplaced, self.ignored = _cache_file.cache_location()
         # One file per interpreter; a CRC is enough to keep them apart (the key inside
         # names the interpreter again, so a collision costs a miss, never a wrong answer).
         interpreter = f"{sys.executable}\0{sys.prefix}".encode("utf-8", "surrogatepass")
-        key = f"{binascii.crc32(interpreter):08x}"
-        return os.path.join(directory, f"metadata-{key}.marshal")
+        return directory, f"metadata-{binascii.crc32(interpreter):08x}.marshal", ours
+
+    def _path(self) -> str | None:
+        """The cache file, or None when there is no place for one (see :attr:`unplaced`)."""
+        directory, name, _ = self._where()
+        return None if directory is None else os.path.join(directory, name)
 
     def _load(self, *, check: bool = False) -> dict[str, Any]:
         """The cached data; ``check`` re-reads what is installed (the fingerprint).
@@ -209,26 +215,29 @@ class MetadataCache:
                 self._dirty = True
             return self._data
 
-    def _ours(self) -> bool:
-        """Whether the cache directory is the default one, which only this program creates."""
-        return not os.environ.get("ASCEND_PATCH_CACHE_DIR")
-
     def _read(self) -> dict[str, Any] | None:
         """The disk cache when only this user can have written it and it unmarshals to ours."""
         self.refused = self.rejected = None
         if not self._enabled():
             return None
+        directory, name, ours = self._where()
+        if directory is None:
+            return None
         try:
-            fh, self.refused, repaired = _cache_file.open_private(self._path(), ours=self._ours())
+            raw, self.refused, repaired = _cache_file.read_private(directory, name, ours=ours)
             self.repaired = self.repaired or repaired
         except OSError as exc:
             self.refused = f"the cache cannot be checked: {exc}"
             return None
-        if fh is None:
+        if raw is None:
+            return None
+        # Before marshal sees it: marshal's cost on hostile bytes is not linear.
+        problem = _cache_validation.stream_problem(raw)
+        if problem is not None:
+            self.rejected = f"the cache file does not unmarshal as a cache: {problem}"
             return None
         try:
-            with fh:
-                data = marshal.load(fh)
+            data = marshal.loads(raw)
         except Exception as exc:  # EOFError, ValueError, TypeError: not a marshal file
             self.rejected = f"the cache file does not unmarshal ({type(exc).__name__})"
             return None
@@ -258,15 +267,17 @@ class MetadataCache:
         with self._lock:
             if not self._dirty or self._data is None or not self._enabled():
                 return
-            path = self._path()
+            directory, name, ours = self._where()
+            if directory is None:
+                return
             try:
-                directory = os.path.dirname(path)
-                problem, repaired = _cache_file.prepare_directory(directory, ours=self._ours())
+                problem, repaired = _cache_file.save_private(
+                    directory, name, marshal.dumps(self._data), ours=ours
+                )
                 self.repaired = self.repaired or repaired
                 if problem is not None:
                     self.refused = problem
                     return
-                _cache_file.write_private(path, marshal.dumps(self._data))
                 self._dirty = False
             except (OSError, ValueError, TypeError):  # ValueError: unmarshallable data
                 pass
@@ -275,7 +286,8 @@ class MetadataCache:
         """``(cache file, its answers)`` as ``apply()`` would load them, for doctor.
 
         The answers are None when the disk cache was not used (absent, stale,
-        :attr:`refused` or :attr:`rejected`); the file is None when the cache is off.
+        :attr:`refused` or :attr:`rejected`); the file is None when the cache is off
+        or has no place (:attr:`unplaced`).
         """
         with self._lock:
             if not self._enabled():
@@ -288,8 +300,9 @@ class MetadataCache:
         with self._lock:
             self._data = None
             self._fingerprint = None
-            with contextlib.suppress(OSError):
-                os.remove(self._path())
+            directory, name, _ = self._where()
+            if directory is not None:
+                _cache_file.remove_private(directory, name)
 
     # -- queries ------------------------------------------------------------------
 

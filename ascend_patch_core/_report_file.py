@@ -1,33 +1,60 @@
 """Writing a report file (``ascend-patch run --report PATH``) without harming what is there.
 
-A file is replaced atomically: the text goes to a temporary file beside it, created
-with a random name, ``O_EXCL`` and ``O_NOFOLLOW`` -- never through a link someone
-planted under a name they could guess -- and is then renamed over ``PATH``. A
-symbolic link to a file (or to nothing) is replaced the same way, so a link planted
-at a predictable report path cannot aim the write at another file. A FIFO or a
-device, or a link to one, is written into, never replaced: a run as root cannot turn
-``/dev/null`` into a regular file. When ``PATH`` is this process's own stdout or
-stderr (``/dev/stdout``, ``/dev/fd/2``, whatever they lead to), the report is
-appended to that stream after what the program wrote.
+The report only ever becomes a new regular file: the text goes to a temporary file
+beside ``PATH``, created with a random name, ``O_EXCL`` and ``O_NOFOLLOW`` -- never
+through a link someone planted under a name they could guess -- made private (0600,
+whatever the umask: a report names the program's command line and environment-driven
+options), and is then renamed over ``PATH``. A symbolic link at ``PATH`` is replaced
+the same way, so a link planted at a predictable report path cannot aim the write at
+another file.
 
-The temporary file is created with mode 0666 less the umask (0644 under umask 022),
-as ``open(PATH, "w")`` would create the report; a report names the program's
-command line, as ``ps`` shows it to every user anyway.
+``PATH`` itself is never opened. A FIFO there would make the run wait at exit for a
+reader (or hand the report to whoever reads it); a device or a socket is no place for
+a file either. :func:`target_problem` refuses them before the program runs, and
+:func:`write_json` leaves one alone if it appears meanwhile (it is not replaced:
+a run as root must not turn ``/dev/null`` into a regular file). The one exception is
+this process's own stdout or stderr (``/dev/stdout``, ``/dev/fd/2``, whatever they
+lead to): the report is appended to that stream after what the program wrote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
 import sys
 from typing import Any
 
-from ._cache_file import write_private
+from ._cache_file import file_kind
+from ._cache_file import replace_file
 
 
-__all__ = ["write_json"]
+__all__ = ["target_problem", "write_json"]
+
+
+def target_problem(path: str) -> str | None:
+    """Why the report cannot be written to ``path``, or None: said before the program runs."""
+    if os.path.isdir(path):
+        return (
+            f"{path}: is a directory; give the file to write, "
+            f"e.g. --report {os.path.join(path, 'run.json')}"
+        )
+    existing = os.path.dirname(path)  # the report's directory is created if missing
+    while existing and not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if existing and os.path.exists(existing) and not os.path.isdir(existing):
+        return f"{path}: {existing} is not a directory"
+    target = _target(path)
+    if target is None or stat.S_ISREG(target.st_mode) or _own_stream(target) is not None:
+        return None
+    through = " (through a symbolic link)" if os.path.islink(path) else ""
+    return (
+        f"{path}: is {file_kind(target.st_mode)}{through}, not a regular file; the report is "
+        "written as a new regular file that replaces PATH, so give a file name "
+        "(or /dev/stdout or /dev/stderr to print it)"
+    )
 
 
 def write_json(path: str, data: dict[str, Any], *, create_directory: bool = True) -> None:
@@ -35,13 +62,23 @@ def write_json(path: str, data: dict[str, Any], *, create_directory: bool = True
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     payload = text.encode("utf-8")
     target = _target(path)
-    if target is not None and _to_own_stream(target, payload):
+    stream = None if target is None else _own_stream(target)
+    if stream is not None:
+        fd, pystream = stream
+        with contextlib.suppress(Exception):  # what the program printed goes first
+            if pystream is not None:
+                pystream.flush()
+        _write_all(fd, payload)
         return
-    if target is not None and not stat.S_ISREG(target.st_mode) and _into(path, payload):
-        return
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        mode = os.lstat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise OSError(f"{path} is now {file_kind(mode)}, which is left alone: not written")
     if create_directory:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_private(path, payload, mode=0o666)  # a report, not a secret: the umask's mode
+    replace_file(path, payload)
 
 
 def _target(path: str) -> os.stat_result | None:
@@ -52,39 +89,16 @@ def _target(path: str) -> os.stat_result | None:
         return None
 
 
-def _to_own_stream(target: os.stat_result, payload: bytes) -> bool:
-    """``/dev/stdout``, ``/dev/fd/2``...: append to that stream rather than reopen it."""
+def _own_stream(target: os.stat_result) -> tuple[int, Any] | None:
+    """``(fd, Python stream)`` when ``target`` is this process's stdout or stderr."""
     for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
-        if _same_file(target, fd):
-            with contextlib.suppress(Exception):  # what the program printed goes first
-                if stream is not None:
-                    stream.flush()
-            _write_all(fd, payload)
-            return True
-    return False
-
-
-def _into(path: str, payload: bytes) -> bool:
-    """Write into a FIFO or a device (or through a link to one); False if it is a file after all."""
-    # No O_CREAT: this never makes a file, and a link swapped for one meanwhile is not
-    # written through (the caller replaces it instead).
-    flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        _write_all(fd, payload)
-        return True
-    finally:
-        os.close(fd)
-
-
-def _same_file(target: os.stat_result, fd: int) -> bool:
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino)
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            return fd, stream
+    return None
 
 
 def _write_all(fd: int, payload: bytes) -> None:

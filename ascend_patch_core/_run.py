@@ -157,11 +157,14 @@ def run(options: RunOptions, target: RunTarget, *, verbose: bool = False) -> int
         return 1
     _check_plugin_names(options)
     if options.report is not None:
-        import tempfile
+        from ._report_file import target_problem
+        from ._run_parts import new_location
 
-        _check_report_path(options.report)
-        parts = tempfile.mkdtemp(prefix="ascend-patch-run-")
-        options = options._replace(report_parts=parts, main_pid=os.getpid())
+        problem = target_problem(options.report)
+        if problem is not None:
+            raise UsageError(f"--report {problem}")
+        # Named, not made: the first child with a report to leave makes it (_run_parts).
+        options = options._replace(report_parts=new_location(), main_pid=os.getpid())
     os.environ[ENV_VAR] = options.to_env()
     from ._errors import PatchError
 
@@ -232,20 +235,6 @@ def _check_plugin_names(options: RunOptions) -> None:
         )
     if problems:
         raise UsageError("; ".join(problems))
-
-
-def _check_report_path(path: str) -> None:
-    """Refuse now, not at exit (when nobody can act on it), a report that cannot be written."""
-    if os.path.isdir(path):
-        raise UsageError(
-            f"--report {path}: is a directory; give the file to write, "
-            f"e.g. --report {os.path.join(path, 'run.json')}"
-        )
-    existing = os.path.dirname(path)  # the report's directory is created if missing
-    while existing and not os.path.exists(existing) and os.path.dirname(existing) != existing:
-        existing = os.path.dirname(existing)
-    if existing and os.path.exists(existing) and not os.path.isdir(existing):
-        raise UsageError(f"--report {path}: {existing} is not a directory")
 
 
 def _say_broken_plugins(report: Any) -> None:

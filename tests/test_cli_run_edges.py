@@ -1,9 +1,12 @@
 """``ascend-patch run`` at its edges, through the real CLI in a subprocess.
 
-- ``--report PATH`` writes into devices, FIFOs and links instead of replacing them
-  (as root, replacing ``/dev/null`` with a regular file broke the machine once; these
-  tests use stand-ins under ``tmp_path`` and never write to a real device), creates
-  its temporary file under a name nobody can plant a link at, and refuses an empty path;
+- ``--report PATH`` refuses a FIFO, a device or a socket (or a link to one) before the
+  program runs -- a FIFO made the run wait at exit for a reader, or handed the report
+  to whoever read it -- and never replaces one either (as root, replacing ``/dev/null``
+  with a regular file broke the machine once; these tests use stand-ins under
+  ``tmp_path`` and never write to a real device); it replaces a file or a link with a
+  private (0600) file, creates its temporary file under a name nobody can plant a link
+  at, and refuses an empty path;
 - a script with NUL bytes or undecodable bytes prints what ``python script.py`` prints,
   byte for byte, with its exit status;
 - ``--strict`` stopped by a broken plugin or patch says so once, and says how to go on.
@@ -17,7 +20,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -131,41 +133,57 @@ def report_of(text: str) -> dict[str, object]:
 # ---------------------------------------------------------------------------- --report PATH
 
 
-def test_a_report_into_a_fifo_is_written_into_it(tmp_path: Path) -> None:
-    """--report FIFO: the report goes down the pipe; the FIFO is still a FIFO afterwards."""
+def _refused(done: subprocess.CompletedProcess[str], path: Path, kind: str) -> None:
+    """Exit 2 before the program ran, one line naming the path and what it is."""
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith(f"ascend-patch run: --report {path}: is {kind}"), done.stderr
+    assert "not a regular file" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_a_fifo_at_the_report_path_is_refused_before_the_program_runs(tmp_path: Path) -> None:
+    """--report FIFO: a usage error before the program runs (it used to run, then wait at
+    exit for a reader of the FIFO -- forever without one -- or hand the report to
+    whoever read it). The FIFO is left as it was, and nobody reading it gets anything."""
     fifo = tmp_path / "report.fifo"
     os.mkfifo(fifo)
-    (tmp_path / "prog.py").write_text("print('ran')\n")
-    received: list[bytes] = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
-    reader.start()
+    (tmp_path / "prog.py").write_text("open('ran', 'w').close()\n")
 
-    done = run(cli("run", "--report", str(fifo), "prog.py"), tmp_path, clean_env(tmp_path))
-    reader.join(timeout=60)
+    done = run(
+        cli("run", "--report", str(fifo), "prog.py"), tmp_path, clean_env(tmp_path), timeout=60
+    )
 
-    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+    _refused(done, fifo, "a FIFO")
+    assert not (tmp_path / "ran").exists()
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
-    assert report_of(received[0].decode())["exit_status"] == 0
     assert sorted(p.name for p in tmp_path.iterdir() if ".tmp" in p.name) == []
 
 
-def test_a_report_through_a_link_to_a_device_leaves_link_and_device(tmp_path: Path) -> None:
-    """--report LINK where LINK -> /dev/null: written through the link, the link stays a link
-    (it used to be replaced by a regular file; /dev/null itself when given directly, as root)."""
-    link = tmp_path / "null-link"
-    link.symlink_to(os.devnull)
+def test_a_link_to_a_fifo_or_a_device_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """--report LINK where LINK -> a FIFO, or -> /dev/null: refused the same way; the link
+    stays a link and what it points to is untouched."""
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
     (tmp_path / "prog.py").write_text("print('ran')\n")
+    for name, target, kind in (
+        ("fifo-link", str(fifo), "a FIFO (through a symbolic link)"),
+        ("null-link", os.devnull, "a character device (through a symbolic link)"),
+    ):
+        link = tmp_path / name
+        link.symlink_to(target)
 
-    done = run(cli("run", "--report", str(link), "prog.py"), tmp_path, clean_env(tmp_path))
+        done = run(
+            cli("run", "--report", str(link), "prog.py"), tmp_path, clean_env(tmp_path), timeout=60
+        )
 
-    assert (done.returncode, done.stdout, program_stderr(done.stderr)) == (0, "ran\n", "")
-    assert link.is_symlink() and os.readlink(link) == os.devnull
+        _refused(done, link, kind)
+        assert link.is_symlink() and os.readlink(link) == target
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # read-only look at the real one
 
 
-def test_a_report_into_a_character_device_keeps_the_device(tmp_path: Path) -> None:
+def test_a_character_device_at_the_report_path_is_refused_and_kept(tmp_path: Path) -> None:
     """--report DEVICE: a null device made under tmp_path (a stand-in for /dev/null; needs
-    the right to mknod) is written to and stays a character device."""
+    the right to mknod) is refused before the program runs, and stays a character device."""
     device = tmp_path / "null"
     try:
         os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # Linux's /dev/null numbers
@@ -175,9 +193,27 @@ def test_a_report_into_a_character_device_keeps_the_device(tmp_path: Path) -> No
 
     done = run(cli("run", "--report", str(device), "prog.py"), tmp_path, clean_env(tmp_path))
 
-    assert (done.returncode, done.stdout, program_stderr(done.stderr)) == (0, "ran\n", "")
+    _refused(done, device, "a character device")
     assert stat.S_ISCHR(os.lstat(device).st_mode)
     assert os.major(os.lstat(device).st_rdev) == 1
+
+
+def test_a_fifo_that_appears_at_the_report_path_during_the_run_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """The program puts a FIFO where the report goes: the run still ends at once (nothing
+    opens the FIFO), says the report was not written and why, and the FIFO stays a FIFO."""
+    report = tmp_path / "run.json"
+    (tmp_path / "prog.py").write_text(f"import os\nos.mkfifo({str(report)!r})\nprint('ran')\n")
+
+    done = run(
+        cli("run", "--report", str(report), "prog.py"), tmp_path, clean_env(tmp_path), timeout=60
+    )
+
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+    assert f"could not write the run report to {report}" in done.stderr
+    assert "is now a FIFO, which is left alone" in done.stderr
+    assert stat.S_ISFIFO(os.lstat(report).st_mode)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
@@ -207,21 +243,23 @@ def test_a_report_to_stdout_follows_the_program_s_output(tmp_path: Path, stdout_
     assert link.is_symlink()
 
 
-def test_a_regular_report_is_replaced_whole_with_the_usual_mode(tmp_path: Path) -> None:
-    """A regular file is replaced atomically (a new file, mode 0644 under umask 022, as
-    before), and no temporary file is left beside it."""
+@pytest.mark.parametrize("umask", [0o022, 0o000, 0o277])
+def test_a_regular_report_is_replaced_whole_and_private(tmp_path: Path, umask: int) -> None:
+    """A regular file is replaced atomically by a new private file: mode 0600 whatever the
+    umask (it was 0666 under umask 000, like the cache before it), and no temporary file
+    is left beside it."""
     report = tmp_path / "out" / "run.json"
     report.parent.mkdir()
     report.write_text("stale and much longer than nothing " * 100)
     (tmp_path / "prog.py").write_text("print('ran')\n")
 
     done = run(
-        cli("run", "--report", str(report), "prog.py"), tmp_path, clean_env(tmp_path), umask=0o022
+        cli("run", "--report", str(report), "prog.py"), tmp_path, clean_env(tmp_path), umask=umask
     )
 
     assert done.returncode == 0, done.stderr
     assert report_of(report.read_text())["exit_status"] == 0
-    assert stat.S_IMODE(report.stat().st_mode) == 0o644
+    assert stat.S_IMODE(report.stat().st_mode) == 0o600
     assert [p.name for p in report.parent.iterdir()] == ["run.json"]
 
 
