@@ -151,21 +151,30 @@ def plan(
         item = declaration.item
         if type(item) is AtomicPatch:  # most declarations
             entries.append(_new_entry(item, declaration.group, (), declaration.provenance, result))
-        elif isinstance(item, type):
-            if item in seen:
-                continue  # a plugin's group the user added too: one group, enabled
-            seen.add(item)
-            _plan_group(
-                declaration, item, ledger, meta, answers, result, disabled, enabled, dry_run
-            )
-        elif isinstance(item, AtomicPatch):
-            result.entries.append(
-                _new_entry(item, declaration.group, (), declaration.provenance, result)
-            )
-        elif isinstance(item, ModuleHook):
-            result.hooks.append(_new_hook(item, declaration.provenance, None, result, disabled))
-        else:
-            result.legacy.append(_new_legacy(item, declaration.provenance, result, disabled))
+            continue
+        try:
+            if isinstance(item, type):
+                if item in seen:  # hashes the class: a plugin's metaclass may raise here
+                    continue  # a plugin's group the user added too: one group, enabled
+                seen.add(item)
+                _plan_group(
+                    declaration, item, ledger, meta, answers, result, disabled, enabled, dry_run
+                )
+            elif isinstance(item, AtomicPatch):
+                result.entries.append(
+                    _new_entry(item, declaration.group, (), declaration.provenance, result)
+                )
+            elif isinstance(item, ModuleHook):
+                result.hooks.append(_new_hook(item, declaration.provenance, None, result, disabled))
+            else:
+                result.legacy.append(_new_legacy(item, declaration.provenance, result, disabled))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            if declaration.provenance.plugin is None:
+                raise  # the user's own declaration: their traceback
+            # A plugin's object whose __hash__, __eq__ or attributes raise: it fails alone.
+            records.append(_failed_declaration(item, declaration.provenance, exc))
     with ledger.lock:
         ledger.records.extend(records)
     if disabled:
@@ -187,6 +196,14 @@ def plan(
             for alias in group_names(group) - {name}:
                 ledger.group_aliases.setdefault(alias, name)
     return result
+
+
+def _failed_declaration(item: object, provenance: Provenance, exc: BaseException) -> Record:
+    name = getattr(item, "__qualname__", None) if isinstance(item, type) else None
+    name = name if isinstance(name, str) else type(item).__qualname__
+    kind = "group" if isinstance(item, type) else "patch"
+    reason = f"planning it raised {type(exc).__name__}: {exc}"
+    return Record(kind, name, name, FAILED, reason, None, provenance)
 
 
 def _plan_group(

@@ -439,3 +439,43 @@ def test_doctor_bounds_a_hanging_plugin_by_default(tmp_path: Path, site: Path) -
     reason = plugins["apx_iso_hang_hook"]["reason"]
     assert "did not finish within 10 s (ASCEND_PATCH_PLUGIN_TIMEOUT)" in reason
     assert f"{site / 'apx_iso_hang_hook.py'}:7 in register_patches" in reason
+
+
+UNHASHABLE_GROUP = """
+from ascend_patch_core import AtomicPatch, Patch, hookimpl
+
+
+class Unhashable(type):
+    def __hash__(cls):
+        raise TypeError("this metaclass refuses to hash")
+
+
+class OddGroup(Patch, metaclass=Unhashable):
+    @classmethod
+    def patches(cls, options=None):
+        return [AtomicPatch("apx_iso_target.other", lambda: "patched")]
+
+
+@hookimpl
+def register_patches():
+    return [OddGroup]
+"""
+
+
+def test_a_group_whose_metaclass_raises_fails_alone(tmp_path: Path, site: Path) -> None:
+    """A plugin's group class that cannot be hashed (planning looks it up in a set): that group
+    fails with its plugin named; apply() returns and the good plugin's patch is applied."""
+    install(site, "apx_iso_unhashable", UNHASHABLE_GROUP)
+    env = env_for(tmp_path, site, ASCEND_PATCH_PLUGINS="apx_iso_good,apx_iso_unhashable")
+
+    done = run([sys.executable, "-c", APPLY], tmp_path, env)
+
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    records = {name: (kind, status, reason) for kind, name, status, reason in result["records"]}
+    assert records["OddGroup"] == (
+        "group",
+        "failed",
+        "planning it raised TypeError: this metaclass refuses to hash",
+    )
+    assert result["where"] == "patched" and result["other"] == "original"
