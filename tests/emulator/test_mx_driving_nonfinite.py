@@ -1,0 +1,153 @@
+"""The emulated mx_driving kernels on sampling positions that are NaN, infinite or huge.
+
+Issue 22, item 12: ``mx_driving.multi_scale_deformable_attn`` raised ``index
+-9223372036854775808 is out of bounds`` for a NaN sampling location (NaN cast to an
+index) where mmcv's path returns a value. The rule now (docs/emulator.md,
+"Non-finite sampling positions"): DrivingSDK's kernel, like mmcv's CUDA kernel, counts a
+point only strictly inside ``(-1, w) x (-1, h)`` in pixels; any other point, NaN and
+infinities included, adds exactly 0 and gets zero gradients. The oracle is mmcv's
+pure-PyTorch math (grid_sample, written out in test_mx_driving_kernels.py) on the same
+inputs with every such point moved far outside the map, where grid_sample itself gives
+0: values and all three gradients must agree, and ours must be finite wherever mmcv's
+own result on the raw inputs is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+
+SETTINGS = settings(max_examples=60, deadline=None)
+SPECIAL = [math.nan, math.inf, -math.inf, 1e30, -1e30, 3e38, -0.25, 1.25]
+
+
+@pytest.fixture(scope="module")
+def mx(emulated):
+    import mx_driving
+
+    return mx_driving
+
+
+def _grid_sample_msda(value, shapes, locations, weights):
+    """mmcv's ``multi_scale_deformable_attn_pytorch``: grid_sample per level."""
+    import torch.nn.functional as F
+
+    bs, _, heads, dims = value.shape
+    _, queries, _, levels, points, _ = locations.shape
+    split = value.split([int(h) * int(w) for h, w in shapes.tolist()], dim=1)
+    grids = 2 * locations - 1
+    sampled = []
+    for level, (h, w) in enumerate(shapes.tolist()):
+        v = split[level].flatten(2).transpose(1, 2).reshape(bs * heads, dims, h, w)
+        grid = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
+        sampled.append(
+            F.grid_sample(v, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        )
+    attention = weights.transpose(1, 2).reshape(bs * heads, 1, queries, levels * points)
+    out = (torch.stack(sampled, dim=-2).flatten(-2) * attention).sum(-1)
+    return out.view(bs, heads * dims, queries).transpose(1, 2).contiguous()
+
+
+def _counted(locations, shapes):
+    """Which points the kernel counts: strictly inside (-1, w) x (-1, h) in pixels."""
+    hw = shapes.to(locations.dtype)
+    x = locations[..., 0] * hw[:, 1].view(1, 1, 1, -1, 1) - 0.5
+    y = locations[..., 1] * hw[:, 0].view(1, 1, 1, -1, 1) - 0.5
+    w, h = hw[:, 1].view(1, 1, 1, -1, 1), hw[:, 0].view(1, 1, 1, -1, 1)
+    return (x > -1) & (y > -1) & (x < w) & (y < h)
+
+
+@st.composite
+def _msda_case(draw):
+    levels = draw(st.integers(1, 2))
+    shapes = [(draw(st.integers(1, 4)), draw(st.integers(1, 4))) for _ in range(levels)]
+    bs, heads, dims = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    queries, points = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    count = bs * queries * heads * levels * points * 2
+    coordinate = st.one_of(
+        st.floats(-0.3, 1.3, allow_nan=False), st.sampled_from(SPECIAL)
+    )
+    coordinates = draw(st.lists(coordinate, min_size=count, max_size=count))
+    seed = draw(st.integers(0, 2**16))
+    return shapes, (bs, heads, dims, queries, points), coordinates, seed
+
+
+@SETTINGS
+@given(case=_msda_case())
+def test_msda_nonfinite_and_far_points_add_zero_with_zero_gradients(mx, case):
+    shapes_list, (bs, heads, dims, queries, points), coordinates, seed = case
+    g = torch.Generator().manual_seed(seed)
+    shapes = torch.tensor(shapes_list)
+    levels = len(shapes_list)
+    starts = torch.cat((shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]))
+    keys = int(shapes.prod(1).sum())
+    value = torch.randn(bs, keys, heads, dims, generator=g, dtype=torch.float64)
+    locations = torch.tensor(coordinates, dtype=torch.float64).view(
+        bs, queries, heads, levels, points, 2
+    )
+    weights = torch.rand(bs, queries, heads, levels, points, generator=g, dtype=torch.float64)
+    grad = torch.randn(bs, queries, heads * dims, generator=g, dtype=torch.float64)
+
+    leaves = [t.clone().requires_grad_() for t in (value, locations, weights)]
+    out = mx.multi_scale_deformable_attn(leaves[0], shapes, starts, leaves[1], leaves[2])
+    ours = torch.autograd.grad(out, leaves, grad)
+
+    counted = _counted(locations, shapes)
+    moved = torch.where(counted.unsqueeze(-1), locations, torch.full_like(locations, 10.0))
+    oracle = [t.clone().requires_grad_() for t in (value, moved, weights)]
+    expected = _grid_sample_msda(oracle[0], shapes, oracle[1], oracle[2])
+    theirs = torch.autograd.grad(expected, oracle, grad)
+
+    torch.testing.assert_close(out.detach(), expected.detach())
+    for name, a, b in zip(("value", "locations", "weights"), ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, msg=lambda m, n=name: f"gradient of {n}: {m}")
+    assert not ours[1][~counted].any(), "an uncounted point got a location gradient"
+    assert not ours[2][~counted].any(), "an uncounted point got a weight gradient"
+
+    # Finite wherever mmcv's own result on the raw (non-finite) inputs is.
+    raw = [t.clone().requires_grad_() for t in (value, locations, weights)]
+    theirs_raw = _grid_sample_msda(raw[0], shapes, raw[1], raw[2])
+    raw_grads = torch.autograd.grad(theirs_raw, raw, grad)
+    assert torch.isfinite(out[torch.isfinite(theirs_raw)]).all()
+    for a, b in zip(ours, raw_grads, strict=True):
+        assert torch.isfinite(a[torch.isfinite(b)]).all()
+    assert all(torch.isfinite(a).all() for a in ours)
+
+
+@pytest.mark.parametrize("special", [math.nan, math.inf, -math.inf, 1e30])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_msda_a_nonfinite_location_is_a_zero_sample_not_an_index_error(mx, special, dtype):
+    # The issue's shape: one bad location among good ones, float32 and half.
+    g = torch.Generator().manual_seed(0)
+    shapes, starts = torch.tensor([[4, 5]]), torch.tensor([0])
+    value = torch.randn(1, 20, 1, 8, generator=g).to(dtype)
+    locations = torch.rand(1, 2, 1, 1, 2, 2, generator=g).to(dtype)
+    weights = torch.rand(1, 2, 1, 1, 2, generator=g).to(dtype)
+    bad = locations.clone()
+    bad[0, 0, 0, 0, 1, 0] = special  # query 0, point 1: x
+    out = mx.multi_scale_deformable_attn(value, shapes, starts, bad, weights)
+    # The same as that point's attention weight being 0.
+    dropped = weights.clone()
+    dropped[0, 0, 0, 0, 1] = 0
+    expected = mx.multi_scale_deformable_attn(value, shapes, starts, locations, dropped)
+    torch.testing.assert_close(out, expected)
+    assert torch.isfinite(out).all()
+
+
+def test_msda_an_uncounted_point_reads_nothing_and_its_weight_does_not_matter(mx):
+    # The kernel zeroes an uncounted point's weight (NaN here) and reads none of its
+    # corners: pixel (0, 0), where its clamped corners would land, holds inf.
+    shapes, starts = torch.tensor([[2, 2]]), torch.tensor([0])
+    value = torch.arange(1.0, 5.0, dtype=torch.float64).view(1, 4, 1, 1)
+    value[0, 0] = math.inf
+    # Point 0 off the map (pixel x = -6.5), point 1 exactly on pixel (1, 1) = value 4.
+    locations = torch.tensor([[[[[[-3.0, 0.25], [0.75, 0.75]]]]]], dtype=torch.float64)
+    weights = torch.tensor([[[[[math.nan, 0.5]]]]], dtype=torch.float64)
+    out = mx.multi_scale_deformable_attn(value, shapes, starts, locations, weights)
+    torch.testing.assert_close(out, torch.tensor([[[2.0]]], dtype=torch.float64))
