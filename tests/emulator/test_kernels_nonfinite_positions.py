@@ -1,4 +1,7 @@
-"""The emulated mx_driving kernels on sampling positions that are NaN, infinite or huge.
+"""The emulator's sampling kernels on positions that are NaN, infinite or huge.
+
+Multi-scale deformable attention (mx_driving) and deformable convolution
+(``npu_deformable_conv2d``, which mx_driving's deform convs reuse).
 
 Issue 22, item 12: ``mx_driving.multi_scale_deformable_attn`` raised ``index
 -9223372036854775808 is out of bounds`` for a NaN sampling location (NaN cast to an
@@ -70,9 +73,7 @@ def _msda_case(draw):
     bs, heads, dims = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
     queries, points = draw(st.integers(1, 3)), draw(st.integers(1, 2))
     count = bs * queries * heads * levels * points * 2
-    coordinate = st.one_of(
-        st.floats(-0.3, 1.3, allow_nan=False), st.sampled_from(SPECIAL)
-    )
+    coordinate = st.one_of(st.floats(-0.3, 1.3, allow_nan=False), st.sampled_from(SPECIAL))
     coordinates = draw(st.lists(coordinate, min_size=count, max_size=count))
     seed = draw(st.integers(0, 2**16))
     return shapes, (bs, heads, dims, queries, points), coordinates, seed
@@ -151,3 +152,72 @@ def test_msda_an_uncounted_point_reads_nothing_and_its_weight_does_not_matter(mx
     weights = torch.tensor([[[[[math.nan, 0.5]]]]], dtype=torch.float64)
     out = mx.multi_scale_deformable_attn(value, shapes, starts, locations, weights)
     torch.testing.assert_close(out, torch.tensor([[[2.0]]], dtype=torch.float64))
+
+
+# --------------------------------------------------------------------- deformable conv
+
+
+@st.composite
+def _deform_case(draw):
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    height, width = draw(st.integers(kh, 5)), draw(st.integers(kw, 5))
+    dg = draw(st.sampled_from([1, 2]))
+    out_h, out_w = height - kh + 1, width - kw + 1
+    count = dg * kh * kw * out_h * out_w * 2
+    value = st.one_of(st.floats(-2.0, 2.0, allow_nan=False), st.sampled_from(SPECIAL))
+    offsets = draw(st.lists(value, min_size=count, max_size=count))
+    return (kh, kw, height, width, dg), offsets, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+@SETTINGS
+@given(case=_deform_case())
+def test_deformable_conv2d_nonfinite_offsets_sample_zero_with_zero_gradients(emulated, case):
+    """A NaN, infinite or far offset samples 0, as mmcv's kernels (whose ``h > -1 && ...``
+    test NaN fails): the same as a finite offset far off the map, values and gradients."""
+    import torch_npu
+
+    (kh, kw, height, width, dg), offsets, modulated, seed = case
+    g = torch.Generator().manual_seed(seed)
+    out_h, out_w = height - kh + 1, width - kw + 1
+    x = torch.randn(1, 2 * dg, height, width, generator=g, dtype=torch.float64)
+    weight = torch.randn(3, 2 * dg, kh, kw, generator=g, dtype=torch.float64)
+    xy = torch.tensor(offsets, dtype=torch.float64).view(1, 2 * dg * kh * kw, out_h, out_w)
+    mask = torch.rand(1, dg * kh * kw, out_h, out_w, generator=g, dtype=torch.float64)
+    # A tap is off the map when its x or y offset is not a usable number.
+    pairs = xy.view(1, 2, dg * kh * kw, out_h, out_w)
+    unusable = (~torch.isfinite(pairs) | (pairs.abs() > 100)).any(1, keepdim=True)
+    far = torch.where(unusable.expand_as(pairs), torch.full_like(pairs, 1e4), pairs)
+    grad = torch.randn(1, 3, out_h, out_w, generator=g, dtype=torch.float64)
+
+    def run(offset_xy):
+        offset = (
+            torch.cat([offset_xy.reshape(1, -1, out_h, out_w), mask], 1)
+            if modulated
+            else (offset_xy.reshape(1, -1, out_h, out_w))
+        )
+        leaves = [t.clone().requires_grad_() for t in (x, weight, offset)]
+        out, _ = torch_npu.npu_deformable_conv2d(
+            leaves[0], leaves[1], leaves[2], None, [kh, kw], [1, 1, 1, 1], [0, 0, 0, 0],
+            deformable_groups=dg, modulated=modulated,
+        )  # fmt: skip
+        return out, torch.autograd.grad(out, leaves, grad)
+
+    out, grads = run(xy)
+    expected, expected_grads = run(far)
+    torch.testing.assert_close(out, expected)
+    for a, b in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(a, b)
+    assert all(torch.isfinite(t).all() for t in (out, *grads))
+    assert not grads[2][:, : 2 * dg * kh * kw].view_as(pairs)[unusable.expand_as(pairs)].any()
+
+
+def test_mx_deform_conv2d_with_a_nan_offset_runs_and_samples_zero(mx):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 5, 5, generator=g)
+    weight = torch.randn(2, 2, 3, 3, generator=g)
+    offset = torch.randn(1, 18, 3, 3, generator=g)
+    bad = offset.clone()
+    bad[0, 4, 1, 1] = math.nan  # tap 2's y offset at output (1, 1)
+    far = offset.clone()
+    far[0, 4, 1, 1] = 1e4
+    torch.testing.assert_close(mx.deform_conv2d(x, bad, weight), mx.deform_conv2d(x, far, weight))
