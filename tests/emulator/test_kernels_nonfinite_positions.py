@@ -1,7 +1,8 @@
 """The emulator's sampling kernels on positions that are NaN, infinite or huge.
 
-Multi-scale deformable attention (mx_driving) and deformable convolution
-(``npu_deformable_conv2d``, which mx_driving's deform convs reuse).
+Multi-scale deformable attention (mx_driving), deformable convolution
+(``npu_deformable_conv2d``, which mx_driving's deform convs reuse) and RoIAlign
+(``npu_roi_align`` / ``npu_roi_alignbk``).
 
 Issue 22, item 12: ``mx_driving.multi_scale_deformable_attn`` raised ``index
 -9223372036854775808 is out of bounds`` for a NaN sampling location (NaN cast to an
@@ -221,3 +222,94 @@ def test_mx_deform_conv2d_with_a_nan_offset_runs_and_samples_zero(mx):
     far = offset.clone()
     far[0, 4, 1, 1] = 1e4
     torch.testing.assert_close(mx.deform_conv2d(x, bad, weight), mx.deform_conv2d(x, far, weight))
+
+
+# --------------------------------------------------------------------------- RoIAlign
+
+
+@pytest.mark.parametrize("roi_end_mode", [0, 3])
+@pytest.mark.parametrize("sample_num", [0, 2])
+def test_roi_align_rois_with_nonfinite_or_huge_corners_pool_zeros(
+    emulated, roi_end_mode, sample_num
+):
+    """A NaN or infinite roi corner used to raise (``math.ceil`` of NaN, an index of
+    INT64_MIN); a roi too big for the kernels' 32-bit sample count gets none: 0."""
+    import torch_npu
+
+    features = torch.randn(2, 3, 6, 7, generator=torch.Generator().manual_seed(0))
+    good = [0.0, 1.0, 1.0, 4.0, 5.0]
+    bad = [
+        [1.0, math.nan, 1.0, 4.0, 5.0],
+        [1.0, 0.0, 0.0, math.inf, 3.0],
+        [0.0, -math.inf, 1.0, 2.0, 4.0],
+        [0.0, 1e30, 1.0, 2e30, 4.0],
+    ]
+    rois = torch.tensor([good, *bad])
+    out = torch_npu.npu_roi_align(features, rois, 1.0, 2, 2, sample_num, roi_end_mode)
+    alone = torch_npu.npu_roi_align(features, rois[:1], 1.0, 2, 2, sample_num, roi_end_mode)
+    torch.testing.assert_close(out[:1], alone)
+    assert torch.isfinite(out).all()
+    if sample_num == 0:
+        assert not out[1:].any()
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    back = torch.ops.npu.npu_roi_alignbk(
+        grad, rois, list(features.shape), 2, 2, 1.0, sample_num, roi_end_mode
+    )
+    assert torch.isfinite(back).all()
+
+
+def test_roi_align_refuses_a_batch_index_that_names_no_image(emulated):
+    import torch_npu
+
+    features = torch.zeros(2, 1, 4, 4)
+    for index in (2.0, -1.0, math.nan):
+        with pytest.raises(RuntimeError, match="batch index"):
+            torch_npu.npu_roi_align(
+                features, torch.tensor([[index, 0.0, 0.0, 2.0, 2.0]]), 1.0, 2, 2, 2, 0
+            )
+
+
+def _graph_nodes(tensor):
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return len(seen)
+
+
+def test_roi_align_backward_graph_does_not_grow_with_the_rois(emulated):
+    """Issue 22, item 13: TridentNet's backward ran > 300 s under the emulator. The kernel
+    wrote each roi's slice of its output in a loop; npu_roi_alignbk differentiates that,
+    and every slice write's backward copies the whole output gradient: quadratic in the
+    rois. Counted here, not timed: the graph the backward walks has as many nodes for 64
+    rois as for 2."""
+    from ascend_patch_emulator._kernels import recording
+    from ascend_patch_emulator._kernels.detection import roi_align
+
+    def nodes(count):
+        g = torch.Generator().manual_seed(count)
+        corners = torch.rand(count, 4, generator=g) * 12
+        boxes = torch.cat(
+            [corners[:, :2].minimum(corners[:, 2:]), corners[:, :2].maximum(corners[:, 2:])], 1
+        )
+        rois = torch.cat([torch.zeros(count, 1), boxes], 1)
+        with recording():
+            features = torch.randn(1, 4, 16, 16, requires_grad=True)
+            return _graph_nodes(roi_align(features, rois, 1.0, 7, 7, 0, 0))
+
+    assert nodes(64) == nodes(2)
+
+
+def test_roi_align_reads_nothing_for_a_sample_beyond_the_map(emulated):
+    # Pixel (0, 0) holds inf; the roi's samples all lie more than a pixel off the map.
+    import torch_npu
+
+    features = torch.ones(1, 1, 4, 4)
+    features[0, 0, 0, 0] = math.inf
+    rois = torch.tensor([[0.0, -9.0, -9.0, -5.0, -5.0], [0.0, 2.0, 2.0, 3.0, 3.0]])
+    out = torch_npu.npu_roi_align(features, rois, 1.0, 2, 2, 2, 0)
+    torch.testing.assert_close(out[0], torch.zeros(1, 2, 2))
+    torch.testing.assert_close(out[1], torch.ones(1, 2, 2))
