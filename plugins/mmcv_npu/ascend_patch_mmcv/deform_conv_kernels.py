@@ -15,6 +15,18 @@ differentiable in input, offset, mask, weight and bias:
   x then all y (then the mask); its backward is ``npu_deformable_conv2dbk``.
 * :func:`mx_driving_kernel` -- DrivingSDK's ``modulated_deform_conv2d`` /
   ``deform_conv2d``, within their domain (:func:`mx_driving_supports`).
+
+Sampling positions: a point at or beyond one pixel outside the map -- NaN and
+infinities included, whose comparisons all fail in mmcv's kernels too -- gives 0 and
+zero offset gradients.
+
+Offsets of another spatial size than the output (:func:`offsets_at_output_size`):
+mmcv's DCNv1 refuses them (``invalid spatial size of offset``) and so do these; its
+DCNv2 kernels do not check, they read each sample's offset and mask as ``[C, Ho, Wo]``
+from the start of its memory. mmdet's DyHead relies on that (its ``spatial_conv_high``
+runs on the next, smaller level with the offsets of the current one), so for DCNv2
+every kernel here gets the same values: the first ``C * Ho * Wo`` of each sample, in
+order; fewer than that is an error (mmcv would read past the tensor).
 """
 
 from __future__ import annotations
@@ -24,7 +36,14 @@ from typing import Any
 from . import kernel_source
 
 
-__all__ = ["mx_driving_kernel", "mx_driving_supports", "portable", "torch_npu_kernel"]
+__all__ = [
+    "mx_driving_kernel",
+    "mx_driving_supports",
+    "offsets_at_output_size",
+    "output_size",
+    "portable",
+    "torch_npu_kernel",
+]
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -42,7 +61,12 @@ def _corners(y: Any, x: Any, weight: Any, height: int, width: int) -> tuple[Any,
     """
     import torch
 
-    weight = weight * ((y > -1) & (y < height) & (x > -1) & (x < width))
+    valid = (y > -1) & (y < height) & (x > -1) & (x < width)
+    # A point outside (NaN too) moves to (-2, -2), where no corner is on the map: its
+    # weights are exactly 0 and so are its offset gradients (torch.where, no 0 * inf).
+    far = torch.full((), -2.0, dtype=y.dtype, device=y.device)
+    y, x = torch.where(valid, y, far), torch.where(valid, x, far)
+    weight = weight * valid
     y0, x0 = y.floor(), x.floor()
     ly, lx = y - y0, x - x0
     y0, x0 = y0.long(), x0.long()
@@ -54,6 +78,68 @@ def _corners(y: Any, x: Any, weight: Any, height: int, width: int) -> tuple[Any,
             index.append(yy.clamp(0, height - 1) * width + xx.clamp(0, width - 1))
             weights.append(wy * wx * weight * inside)
     return torch.stack(index, -1), torch.stack(weights, -1)
+
+
+def output_size(
+    input: Any, weight: Any, stride: Any, padding: Any, dilation: Any
+) -> tuple[int, int]:
+    """``(Ho, Wo)`` of the convolution, mmcv's formula."""
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    height, width = input.shape[-2:]
+    kh, kw = weight.shape[2], weight.shape[3]
+    return (
+        (height + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1,
+        (width + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1,
+    )
+
+
+def _as_read(tensor: Any, channels: int, out_h: int, out_w: int, what: str) -> Any:
+    """``tensor [N, ...]`` as mmcv's DCNv2 kernel reads it: each sample's first
+    ``channels * out_h * out_w`` values as ``[channels, out_h, out_w]``."""
+    batch = tensor.shape[0]
+    if tuple(tensor.shape[1:]) == (channels, out_h, out_w):
+        return tensor
+    need, have = channels * out_h * out_w, (tensor[0].numel() if batch else 0)
+    if tensor.dim() != 4 or have < need:
+        raise RuntimeError(
+            f"modulated_deform_conv2d: {what} {tuple(tensor.shape)} holds {have} values per "
+            f"sample; the output {out_h}x{out_w} needs {need} ({channels} channels of "
+            f"{out_h}x{out_w}): mmcv's kernel would read past it. Give the {what} the "
+            f"output's size [N, {channels}, {out_h}, {out_w}]."
+        )
+    return tensor.reshape(batch, -1)[:, :need].view(batch, channels, out_h, out_w)
+
+
+def offsets_at_output_size(
+    input: Any,
+    offset: Any,
+    mask: Any,
+    weight: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    deform_groups: int,
+) -> tuple[Any, Any]:
+    """``(offset, mask)`` of the output's spatial size, as mmcv's kernels take them.
+
+    DCNv1 (``mask`` None): mmcv's shape check -- anything but ``[N, 2 * dg * kh * kw,
+    Ho, Wo]`` is an error. DCNv2: each sample's values read in order (module docstring).
+    """
+    out_h, out_w = output_size(input, weight, stride, padding, dilation)
+    taps = weight.shape[2] * weight.shape[3]
+    if mask is None:
+        expected = (input.shape[0], 2 * deform_groups * taps, out_h, out_w)
+        if tuple(offset.shape) != expected:
+            raise RuntimeError(
+                f"deform_conv2d: invalid offset shape {tuple(offset.shape)}, expected "
+                f"{expected} (batch, 2 * deform_groups * kh * kw, output height, output "
+                f"width), as mmcv's kernel checks"
+            )
+        return offset, None
+    return (
+        _as_read(offset, 2 * deform_groups * taps, out_h, out_w, "offset"),
+        _as_read(mask, deform_groups * taps, out_h, out_w, "mask"),
+    )
 
 
 def portable(
@@ -79,11 +165,13 @@ def portable(
     import torch
     import torch.nn.functional as F
 
+    offset, mask = offsets_at_output_size(
+        input, offset, mask, weight, stride, padding, dilation, deform_groups
+    )
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
     batch, channels, height, width = input.shape
     out_channels, _, kh, kw = weight.shape
-    out_h = (height + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
-    out_w = (width + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    out_h, out_w = offset.shape[-2:]
     taps, dg, positions = kh * kw, deform_groups, out_h * out_w
     dtype = torch.promote_types(input.dtype, offset.dtype)
     device = input.device
@@ -150,6 +238,9 @@ def torch_npu_kernel(
     """The same through ``torch_npu.npu_deformable_conv2d`` (its autograd backward)."""
     import torch_npu
 
+    offset, mask = offsets_at_output_size(
+        input, offset, mask, weight, stride, padding, dilation, deform_groups
+    )
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
     kh, kw = weight.shape[2], weight.shape[3]
     out, _ = torch_npu.npu_deformable_conv2d(
@@ -193,6 +284,9 @@ def mx_driving_kernel(
 ) -> Any:
     """DrivingSDK's kernels; the bias is added here (they take none)."""
     mx = kernel_source.mx_driving()
+    offset, mask = offsets_at_output_size(
+        input, offset, mask, weight, stride, padding, dilation, deform_groups
+    )
     weight = weight.type_as(input)
     if mask is None:
         out = mx.deform_conv2d(

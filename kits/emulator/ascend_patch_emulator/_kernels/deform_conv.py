@@ -14,8 +14,10 @@
 Returns ``(out [N, Cout, Hout, Wout], deform_out [N, Cin, Hout * kh, Wout * kw])``:
 ``deform_out`` holds the (masked) bilinear samples laid out so that a plain
 convolution with stride ``(kh, kw)`` over it gives ``out``. Sampling follows
-mmcv/torchvision: zero outside the feature map, bilinear inside. The gradient
-(for input, weight, offset and bias) is the derivative of this formula.
+mmcv/torchvision: zero outside the feature map, bilinear inside; a sampling point
+at or beyond one pixel outside the map, NaN or infinite gives 0 (as mmcv's kernels,
+whose test NaN fails), with zero gradients. The gradient (for input, weight, offset
+and bias) is the derivative of this formula.
 """
 
 from __future__ import annotations
@@ -43,24 +45,27 @@ def _four(name: str, values: Sequence[int]) -> list[int]:
 def _sample(images: Any, y: Any, x: Any) -> Any:
     """Bilinear samples of ``images [N, G, C, H, W]`` at ``y, x [N, G, P]`` -> ``[N, G, C, P]``.
 
-    mmcv's rule: a point with ``y <= -1``, ``y >= H``, ``x <= -1`` or ``x >= W`` gives 0;
-    corners outside the map count as 0.
+    mmcv's rule: only a point strictly inside ``(-1, H) x (-1, W)`` is sampled; any other
+    point -- beyond the map, NaN or infinite -- gives 0 and zero gradients (it is moved to
+    ``(-2, -2)``, where no corner is on the map, by ``torch.where``: no ``0 * inf``).
+    Corners outside the map count as 0 and are not read.
     """
     height, width = images.shape[-2:]
     flat = images.flatten(-2)
+    valid = (y > -1) & (y < height) & (x > -1) & (x < width)
+    far = torch.full((), -2.0, dtype=y.dtype)
+    y, x = torch.where(valid, y, far), torch.where(valid, x, far)
     y0, x0 = y.floor(), x.floor()
     ly, lx = y - y0, x - x0
     total = torch.zeros(*flat.shape[:3], y.shape[-1], dtype=images.dtype)
     for dy, wy in ((0, 1 - ly), (1, ly)):
         for dx, wx in ((0, 1 - lx), (1, lx)):
             yy, xx = y0 + dy, x0 + dx
-            inside = (yy >= 0) & (yy < height) & (xx >= 0) & (xx < width)
+            inside = ((yy >= 0) & (yy < height) & (xx >= 0) & (xx < width)).unsqueeze(2)
             index = (yy.clamp(0, height - 1) * width + xx.clamp(0, width - 1)).long()
             gathered = flat.gather(3, index.unsqueeze(2).expand(-1, -1, flat.shape[2], -1))
-            weight = (wy * wx * inside).unsqueeze(2)
-            total = total + gathered * weight
-    valid = ((y > -1) & (y < height) & (x > -1) & (x < width)).unsqueeze(2)
-    return total * valid
+            total = total + torch.where(inside, gathered * (wy * wx).unsqueeze(2), 0.0)
+    return total
 
 
 @kernel("npu_deformable_conv2d", differentiable=True, grad_outputs=(0,))

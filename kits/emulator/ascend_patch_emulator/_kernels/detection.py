@@ -11,7 +11,14 @@
   ``sample_num`` samples per bin side (0: adaptive, ``ceil(roi size / bins)``), the
   torchvision/mmcv ROIAlign sampling; ``roi_end_mode`` 3 is ``aligned=True`` (pixel
   centres shifted by -0.5), 0 is ``aligned=False`` (rois at least 1x1). Other
-  ``roi_end_mode`` values are not emulated.
+  ``roi_end_mode`` values are not emulated. Every sample of every roi is one entry of
+  a flat list (each roi's own adaptive count, no loop over rois) and each bin one
+  weighted bag of ``embedding_bag`` over the channels-last map, so the graph that
+  ``npu_roi_alignbk`` differentiates has a fixed number of nodes whatever the number
+  of rois (a loop writing each roi's slice made its backward quadratic in them). A
+  sample whose position is not finite (a roi with NaN or infinite corners) gives 0,
+  and a roi whose adaptive sample count is not finite or beyond ``2**31 - 1`` gets
+  none (its bins are 0); a batch index that names no image is an error.
 
 None of them has a derivative in torch_npu (``npu_roi_alignbk`` is called by the
 contrib module's own autograd.Function), so none has one here.
@@ -19,7 +26,6 @@ contrib module's own autograd.Function), so none has one here.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -91,16 +97,17 @@ def nms_v4(
     return selected, torch.tensor(len(kept), dtype=torch.int32)
 
 
-def _bilinear(feature: Any, y: Any, x: Any) -> Any:
-    """Sample ``feature [C, H, W]`` at points ``y, x`` (any equal shapes) -> ``[C, *shape]``.
+def _corners(y: Any, x: Any, height: int, width: int) -> tuple[Any, Any, Any]:
+    """torchvision's ROIAlign bilinear rule for points ``y, x [S]``: ``[S, 4]`` flat pixel
+    indices into one ``H * W`` map and their weights, and ``inside [S]``.
 
-    torchvision's ROIAlign rule: points beyond one pixel outside the map give 0;
-    coordinates are clamped into the map before interpolation.
+    A point beyond one pixel outside the map (or not finite) weighs 0 (the caller points
+    its corners at a zero row, so that no pixel is read for it); the others are clamped
+    into the map before interpolation, the last row/column counting twice.
     """
-    height, width = feature.shape[-2:]
-    outside = (y < -1.0) | (y > height) | (x < -1.0) | (x > width)
-    y = y.clamp(min=0)
-    x = x.clamp(min=0)
+    inside = (y >= -1.0) & (y <= height) & (x >= -1.0) & (x <= width)
+    y = torch.where(inside, y, 0.0).clamp(min=0)
+    x = torch.where(inside, x, 0.0).clamp(min=0)
     y_low = y.floor().long().clamp(max=height - 1)
     x_low = x.floor().long().clamp(max=width - 1)
     y = torch.where(y_low >= height - 1, y_low.to(y.dtype), y)
@@ -109,18 +116,27 @@ def _bilinear(feature: Any, y: Any, x: Any) -> Any:
     x_high = (x_low + 1).clamp(max=width - 1)
     ly, lx = y - y_low, x - x_low
     hy, hx = 1 - ly, 1 - lx
-    flat = feature.reshape(feature.shape[0], -1)
-
-    def at(yy: Any, xx: Any) -> Any:
-        return flat[:, (yy * width + xx).flatten()].view(feature.shape[0], *yy.shape)
-
-    value = (
-        hy * hx * at(y_low, x_low)
-        + hy * lx * at(y_low, x_high)
-        + ly * hx * at(y_high, x_low)
-        + ly * lx * at(y_high, x_high)
+    index = torch.stack(
+        [
+            y_low * width + x_low,
+            y_low * width + x_high,
+            y_high * width + x_low,
+            y_high * width + x_high,
+        ],
+        -1,
     )
-    return torch.where(outside, torch.zeros_like(value), value)
+    weights = torch.stack([hy * hx, hy * lx, ly * hx, ly * lx], -1) * inside.unsqueeze(-1)
+    return index, weights, inside
+
+
+def _grid(size: Any, pooled: int, sample_num: int) -> Any:
+    """Samples per bin side of each roi: ``sample_num``, or adaptive ``ceil(size / pooled)``
+    (0 for an empty roi, and for a count that is not finite or does not fit the kernels'
+    32-bit int, where they overflow: converted first, it would wrap)."""
+    if sample_num > 0:
+        return torch.full(size.shape, sample_num, dtype=torch.long)
+    count = torch.ceil(size / pooled).clamp(min=0)
+    return torch.where(torch.isfinite(count) & (count <= 2**31 - 1), count, 0.0).long()
 
 
 @kernel("npu_roi_align")
@@ -142,27 +158,49 @@ def roi_align(
         raise RuntimeError("npu_roi_align: features must be NCHW and rois [K, 5]")
     aligned = roi_end_mode == 3
     wide = compute_dtype(self)
-    features = self.to(wide)
-    out = features.new_zeros(rois.shape[0], self.shape[1], pooled_height, pooled_width)
+    batch, channels, height, width = self.shape
+    boxes = rois.to(wide)
+    images = boxes[:, 0].trunc()  # as the kernels' int conversion
+    stray = ~((images >= 0) & (images < batch))
+    if bool(stray.any()):
+        raise RuntimeError(
+            f"npu_roi_align: a roi's batch index (column 0) must name one of the {batch} "
+            f"images; got {boxes[stray, 0][:5].tolist()} (rois {stray.nonzero().flatten()[:5].tolist()})"
+        )
     shift = 0.5 if aligned else 0.0
-    for r, roi in enumerate(rois.to(wide)):
-        batch = int(roi[0])
-        x1, y1, x2, y2 = (float(v) * spatial_scale - shift for v in roi[1:])
-        roi_w, roi_h = x2 - x1, y2 - y1
-        if not aligned:
-            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
-        bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
-        # Adaptive sampling can give 0 samples for an empty roi: its bins are 0, as in torchvision.
-        grid_h = sample_num if sample_num > 0 else max(math.ceil(roi_h / pooled_height), 0)
-        grid_w = sample_num if sample_num > 0 else max(math.ceil(roi_w / pooled_width), 0)
-        iy = torch.arange(pooled_height, dtype=wide)[:, None] * bin_h + (
-            torch.arange(grid_h, dtype=wide)[None, :] + 0.5
-        ) * (bin_h / max(grid_h, 1))
-        ix = torch.arange(pooled_width, dtype=wide)[:, None] * bin_w + (
-            torch.arange(grid_w, dtype=wide)[None, :] + 0.5
-        ) * (bin_w / max(grid_w, 1))
-        ys = (y1 + iy).view(pooled_height, grid_h, 1, 1).expand(-1, -1, pooled_width, grid_w)
-        xs = (x1 + ix).view(1, 1, pooled_width, grid_w).expand(pooled_height, grid_h, -1, -1)
-        samples = _bilinear(features[batch], ys, xs)
-        out[r] = samples.sum((2, 4)) / max(grid_h * grid_w, 1)
-    return out.to(self.dtype)
+    x1, y1, x2, y2 = (boxes[:, i] * spatial_scale - shift for i in range(1, 5))
+    roi_w, roi_h = x2 - x1, y2 - y1
+    if not aligned:
+        roi_w, roi_h = roi_w.clamp(min=1.0), roi_h.clamp(min=1.0)
+    bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
+    grid_h = _grid(roi_h, pooled_height, sample_num)
+    grid_w = _grid(roi_w, pooled_width, sample_num)
+    # Bags are the bins (roi, i, j) in order; entries the samples of a bin, in order.
+    bins = pooled_height * pooled_width
+    per_bin = (grid_h * grid_w).repeat_interleave(bins)
+    bag = torch.arange(per_bin.numel()).repeat_interleave(per_bin)
+    first = torch.cumsum(per_bin, 0) - per_bin
+    local = torch.arange(bag.numel()) - first[bag]
+    roi, cell = bag // bins, bag % bins
+    gh, gw = grid_h[roi], grid_w[roi]
+    iy, ix = (local // gw).to(wide), (local % gw).to(wide)
+    row, col = (cell // pooled_width).to(wide), (cell % pooled_width).to(wide)
+    ys = y1[roi] + row * bin_h[roi] + (iy + 0.5) * bin_h[roi] / gh.to(wide)
+    xs = x1[roi] + col * bin_w[roi] + (ix + 0.5) * bin_w[roi] / gw.to(wide)
+    index, weights, inside = _corners(ys, xs, height, width)
+    # The average over the bin's samples: each sample weighs 1 / count.
+    weights = weights / per_bin[bag].clamp(min=1).unsqueeze(-1).to(wide)
+    pixels = batch * height * width
+    index = index + (images.long()[roi] * (height * width)).unsqueeze(-1)
+    index = torch.where(inside.unsqueeze(-1), index, pixels)  # the zero row: nothing read
+    table = self.to(wide).permute(0, 2, 3, 1).reshape(pixels, channels)
+    table = torch.cat([table, table.new_zeros(1, channels)])
+    pooled = torch.nn.functional.embedding_bag(
+        index.flatten(),
+        table,
+        torch.cumsum(4 * per_bin, 0) - 4 * per_bin,
+        mode="sum",
+        per_sample_weights=weights.flatten(),
+    )
+    out = pooled.view(rois.shape[0], pooled_height, pooled_width, channels).permute(0, 3, 1, 2)
+    return out.contiguous().to(self.dtype)

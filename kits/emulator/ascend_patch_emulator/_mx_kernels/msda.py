@@ -10,7 +10,13 @@ num_heads, num_levels, num_points]``; output ``[bs, num_queries, num_heads * emb
 Each sample is bilinear at pixel ``(x * w - 0.5, y * h - 0.5)`` with zeros outside
 the map (grid_sample's ``align_corners=False``, ``padding_mode="zeros"``), written
 here as four gathered corners; the sum over levels and points is weighted by
-``attention_weights``. Computed in float32 (float64 stays), returned in ``value``'s
+``attention_weights``. A sampling point counts only strictly inside ``(-1, w) x (-1,
+h)`` in pixels, the test of mmcv's CUDA kernel and of DrivingSDK's (its
+``ComputeLocation`` "fix the sampling location inputs nan and inf bug"): any other
+point -- beyond the map, NaN or infinite -- is moved to pixel ``(-2, -2)`` and its
+attention weight set to 0, so it adds exactly 0 (even where ``value`` or its weight
+is not finite) and every gradient it receives is 0. Corners outside the map are
+never read. Computed in float32 (float64 stays), returned in ``value``'s
 dtype. The backward gives gradients for value, sampling_locations and
 attention_weights (None for the shapes and start indices, as the real op), the
 derivative of this formula by autograd.
@@ -32,7 +38,10 @@ __all__ = ["PUBLIC", "MultiScaleDeformableAttnFunction", "ms_deform_attn"]
 
 
 def _bilinear(images: Any, x: Any, y: Any) -> Any:
-    """Samples of ``images [B, D, H, W]`` at pixel ``x, y [B, P]`` -> ``[B, D, P]``."""
+    """Samples of ``images [B, D, H, W]`` at pixel ``x, y [B, P]`` -> ``[B, D, P]``.
+
+    ``x, y`` must be finite (:func:`_valid_points` moves the others away).
+    """
     batch, dims, height, width = images.shape
     flat = images.reshape(batch, dims, height * width)
     x0, y0 = x.floor(), y.floor()
@@ -41,11 +50,26 @@ def _bilinear(images: Any, x: Any, y: Any) -> Any:
     for dy, wy in ((0, 1 - fy), (1, fy)):
         for dx, wx in ((0, 1 - fx), (1, fx)):
             xx, yy = x0 + dx, y0 + dy
-            inside = (xx >= 0) & (xx < width) & (yy >= 0) & (yy < height)
+            inside = ((xx >= 0) & (xx < width) & (yy >= 0) & (yy < height)).unsqueeze(1)
             index = (yy.clamp(0, height - 1) * width + xx.clamp(0, width - 1)).long()
             corner = flat.gather(2, index.unsqueeze(1).expand(-1, dims, -1))
-            total = total + corner * (wx * wy * inside).unsqueeze(1)
+            # where, not a product with the mask: a corner outside the map is not read,
+            # so a non-finite value at the clamped pixel cannot leak into it.
+            weighted = torch.where(inside, corner * (wx * wy).unsqueeze(1), 0.0)
+            total = total + weighted
     return total
+
+
+def _valid_points(x: Any, y: Any, weight: Any, height: int, width: int) -> tuple[Any, Any, Any]:
+    """The hardware kernel's rule: a point outside ``(-1, w) x (-1, h)`` (NaN and infinities
+    fail every comparison) goes to ``(-2, -2)``, where no corner is on the map, with weight 0.
+
+    ``torch.where`` and not arithmetic: the moved point's gradients are exactly 0, never
+    ``0 * inf``.
+    """
+    valid = (x > -1) & (y > -1) & (x < width) & (y < height)
+    far = torch.full((), -2.0, dtype=x.dtype)
+    return torch.where(valid, x, far), torch.where(valid, y, far), torch.where(valid, weight, 0.0)
 
 
 def ms_deform_attn(
@@ -86,9 +110,10 @@ def ms_deform_attn(
         loc = locations[:, :, :, level].permute(0, 2, 1, 3, 4)
         x = (loc[..., 0] * width - 0.5).reshape(bs * heads, queries * points)
         y = (loc[..., 1] * height - 0.5).reshape(bs * heads, queries * points)
+        weight = weights[:, :, :, level].permute(0, 2, 1, 3).reshape(bs * heads, queries * points)
+        x, y, weight = _valid_points(x, y, weight, height, width)
         samples = _bilinear(maps, x, y).view(bs, heads, dims, queries, points)
-        weight = weights[:, :, :, level].permute(0, 2, 1, 3).unsqueeze(2)
-        out = out + (samples * weight).sum(-1)
+        out = out + (samples * weight.view(bs, heads, 1, queries, points)).sum(-1)
     return out.permute(0, 3, 1, 2).reshape(bs, queries, heads * dims).to(value.dtype)
 
 
