@@ -109,7 +109,8 @@ def plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Findin
                 "group of any loaded plugin, so it would fail",
             )
         )
-    if not loaded and not any(p.status == "broken" for p in inventory.plugins):
+    # An idle plugin is not missing: the libraries it serves are (its row says which).
+    if not loaded and not any(p.status in ("broken", "idle") for p in inventory.plugins):
         out.append(
             Finding(
                 "warning",
