@@ -17,6 +17,7 @@ from ._declarations import DeclaredPatch
 from ._declarations import Inventory
 from ._declarations import PluginInfo
 from ._doctor_stack import Finding
+from ._plugin_serves import served_in
 
 
 __all__ = ["cache_check", "plugin_findings", "stack_findings", "torch_findings"]
@@ -172,6 +173,11 @@ def torch_findings(inventory: Inventory, facts: dict[str, Any]) -> list[Finding]
         count = sum(_needs_torch(p) for p in plugin.patches)
         if count:
             needing.append(f"{count} of plugin {plugin.name!r}")
+    for plugin in inventory.plugins:
+        # Idle for want of torch among its libraries: its patches are not even loaded.
+        served = served_in(plugin.reason) if plugin.status == "idle" else []
+        if "torch" in served:
+            needing.append(f"all of plugin {plugin.name!r} (it serves {', '.join(served)})")
     if not needing:
         return [Finding("note", "no-torch", "torch is not installed (no loaded plugin patches it)")]
     return [

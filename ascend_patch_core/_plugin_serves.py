@@ -29,7 +29,7 @@ from ._metadata import MetadataCache
 from ._metadata import normalize_name
 
 
-__all__ = ["GROUP", "IDLE", "idle_reason", "served_by"]
+__all__ = ["GROUP", "IDLE", "idle_reason", "served_by", "served_in"]
 
 #: The entry-point group a plugin distribution names its libraries in.
 GROUP = "ascend_patch.serves"
@@ -80,3 +80,10 @@ def idle_reason(cache: MetadataCache, served: Sequence[str]) -> str | None:
     if any(check_requirement(name, cache)[0] for name in served):
         return None
     return f"{IDLE} ({', '.join(served)})"
+
+
+def served_in(reason: str | None) -> list[str]:
+    """The libraries named by a reason :func:`idle_reason` wrote; [] for any other reason."""
+    if not reason or not reason.startswith(IDLE + " ("):
+        return []
+    return reason[len(IDLE) + 2 : -1].split(", ")
