@@ -337,6 +337,8 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         disable=_names(ns.disable),
         plugins=_names(ns.plugins) if ns.plugins else None,
         enable=_names(ns.enable),
+        # Code is read for what it would need wherever it runs: libraries absent here count.
+        load_idle=True,
     )
     result = _scan.scan(ns.path, inventory=inventory, exclude=ns.exclude)
     if ns.json:

@@ -30,6 +30,7 @@ from ._plan import conflicting_groups
 from ._plan import known_names
 from ._plan import plan
 from ._plan import switched_on
+from ._plugin_serves import IDLE
 from ._registry import PluginSelection
 from ._registry import load_plugins
 from ._registry import unknown_names
@@ -320,6 +321,8 @@ def _status(reason: str | None, failed: bool, skipped: bool) -> str:
     if failed:
         return "broken"
     if skipped:
+        if (reason or "").startswith(IDLE):
+            return "idle"
         return "disabled" if "disabled" in (reason or "") else "not selected"
     return "loaded"
 
@@ -330,11 +333,14 @@ def collect(
     plugins: Iterable[str] | None = None,
     enable: Iterable[str] = (),
     meta: MetadataCache | None = None,
+    load_idle: bool = False,
 ) -> Inventory:
     """Load the selected plugins (switches from the environment, plus these) and plan their declarations.
 
     ``disable`` names plugins to leave unloaded and patches or groups to plan as
-    disabled; ``plugins`` is an allow-list. Each plugin gets the commands' bound
+    disabled; ``plugins`` is an allow-list. Plugins none of whose served libraries
+    is installed stay unloaded, as in ``apply()`` (status ``idle``), unless
+    ``load_idle`` (scan: code is read for what it would need, wherever it runs). Each plugin gets the commands' bound
     (:data:`~._env_flags.CLI_PLUGIN_TIMEOUT_S`) to load unless ``ASCEND_PATCH_PLUGIN_TIMEOUT``
     is set. Opt-in groups named by ``enable`` or
     ``ASCEND_PATCH_ENABLE`` are planned as enabled, the others as held back.
@@ -346,7 +352,9 @@ def collect(
         enable=list(enable),
         timeout=CLI_PLUGIN_TIMEOUT_S,
     )
-    loaded, records, warnings = load_plugins(selection, meta, also_disabled=disable)
+    loaded, records, warnings = load_plugins(
+        selection, meta, also_disabled=disable, skip_idle=not load_idle
+    )
     by_name = {plugin.name: plugin for plugin in loaded}
     infos: dict[str, PluginInfo] = {}
     declared: list[Declared] = []

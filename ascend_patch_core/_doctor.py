@@ -20,7 +20,6 @@ from collections.abc import Iterable
 from typing import Any
 from typing import TextIO
 
-from . import _npu_stack
 from ._bootstrap import PTH_NAME
 from ._bootstrap import PTH_TEXT
 from ._declarations import DeclaredPatch
@@ -31,6 +30,7 @@ from ._doctor_checks import cache_check
 from ._doctor_checks import plugin_findings
 from ._doctor_checks import stack_findings
 from ._doctor_checks import torch_findings
+from ._doctor_stack import gather
 from ._metadata import MetadataCache
 from ._output import Style
 from ._output import table
@@ -201,22 +201,14 @@ def diagnose(
     meta = MetadataCache(persistent=False)
     inventory = collect(disable=disable, plugins=plugins, enable=enable, meta=meta)
     core = _core_info(meta)
-    torch = _npu_stack.torch_info(meta)
-    facts: dict[str, Any] = {
-        "python": _npu_stack.python_info(),
-        "torch": torch,
-        "torch_npu": _npu_stack.torch_npu_info(meta, torch["version"], try_import),
-        "cann": _npu_stack.cann_info(),
-        "npu": _npu_stack.npu_info(),
-    }
-    variables, env_findings = _npu_stack.variable_findings(facts)
-    facts["variables"] = variables
+    stack = gather(meta, try_import)
+    facts = stack.environment
     cache, cache_findings = cache_check()
     findings = (
         plugin_findings(inventory, disable)
-        + stack_findings(facts, core)
+        + stack_findings(core)
         + torch_findings(inventory, facts)
-        + env_findings
+        + stack.findings
         + cache_findings
     )
     order = {"error": 0, "warning": 1, "note": 2}
@@ -238,6 +230,8 @@ def diagnose(
         "plugins": [_plugin_dict(p) for p in inventory.plugins],
         "libraries": _libraries(inventory),
         "environment": facts,
+        # The Environment table's lines from the reporters (torch_npu, CANN, NPUs ...).
+        "environment_rows": [list(row) for row in stack.rows],
         "metadata_cache": cache,
         "findings": [f._asdict() for f in findings],
         "elapsed_s": round(time.perf_counter() - started, 3),
@@ -367,33 +361,11 @@ def render(result: dict[str, Any], *, verbose: bool = False, stream: TextIO | No
         lines.extend(table(rows, style))
 
     env = result["environment"]
-    py, torch, npu, cann, devices = (
-        env["python"],
-        env["torch"],
-        env["torch_npu"],
-        env["cann"],
-        env["npu"],
-    )
+    py, torch = env["python"], env["torch"]
     lines += ["", style.paint("Environment", "bold")]
     rows = [["python", f"{py['version']} {py['implementation']}  {py['executable']}"]]
     rows.append(["torch", torch["version"] if torch["installed"] else "not installed"])
-    if npu["installed"]:
-        pairs = {True: "pairs with torch", False: f"needs torch {npu['expected_torch']}", None: ""}
-        importable = {True: "importable", False: "not importable", None: ""}[npu["importable"]]
-        how = "" if npu["import_check"] == "import" else " (predicted)"
-        text = f"{npu['version']}, {pairs[npu['pairs_with_torch']]}, {importable}{how}"
-        rows.append(["torch_npu", text.replace(", ,", ",")])
-    else:
-        rows.append(["torch_npu", "not installed"])
-    if cann["found"]:
-        rows.append(["CANN", f"{cann['version'] or 'version unknown'}  {cann['home']}"])
-    else:
-        rows.append(["CANN", "not found"])
-    if devices["npu_smi"] is None:
-        rows.append(["NPUs", "npu-smi not found"])
-    else:
-        names = ", ".join(f"{d['id']}:{d['name']}({d['health']})" for d in devices["devices"])
-        rows.append(["NPUs", f"{len(devices['devices'])} {names}".strip()])
+    rows.extend(list(row) for row in result.get("environment_rows", []))
     hook = core["start_hook"]
     rows.append(["start hook", hook["path"] if hook["installed"] else "not installed"])
     cache = result["metadata_cache"]

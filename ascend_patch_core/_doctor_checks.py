@@ -1,4 +1,4 @@
-"""The checks behind ``ascend-patch doctor``'s findings: plugins, the NPU stack, the metadata cache.
+"""The checks behind ``ascend-patch doctor``'s findings: plugins, the start hook, the metadata cache.
 
 Each function turns facts gathered by :mod:`._doctor` into :class:`Finding` objects;
 the cache check also acts (it removes a cache that fails, so the next run rebuilds
@@ -16,7 +16,8 @@ from ._bootstrap import PTH_NAME
 from ._declarations import DeclaredPatch
 from ._declarations import Inventory
 from ._declarations import PluginInfo
-from ._npu_stack import Finding
+from ._doctor_stack import Finding
+from ._plugin_serves import served_in
 
 
 __all__ = ["cache_check", "plugin_findings", "stack_findings", "torch_findings"]
@@ -109,7 +110,8 @@ def plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Findin
                 "group of any loaded plugin, so it would fail",
             )
         )
-    if not loaded and not any(p.status == "broken" for p in inventory.plugins):
+    # An idle plugin is not missing: the libraries it serves are (its row says which).
+    if not loaded and not any(p.status in ("broken", "idle") for p in inventory.plugins):
         out.append(
             Finding(
                 "warning",
@@ -121,9 +123,9 @@ def plugin_findings(inventory: Inventory, disable: Iterable[str]) -> list[Findin
     return out
 
 
-def stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]:
+def stack_findings(core: dict[str, Any]) -> list[Finding]:
+    """The core's own installation (its start hook); the NPU stack's come from its reporter."""
     out: list[Finding] = []
-    torch, npu, cann, devices = facts["torch"], facts["torch_npu"], facts["cann"], facts["npu"]
     hook = core["start_hook"]
     if not hook["installed"]:
         out.append(
@@ -143,52 +145,6 @@ def stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]
                 f"{hook['path']} differs from the one this ascend-patch-core ships; reinstall it with pip",
             )
         )
-    if npu["installed"]:
-        if not torch["installed"]:
-            out.append(
-                Finding(
-                    "error",
-                    "torch-missing",
-                    f"torch_npu {npu['version']} is installed but torch is not",
-                )
-            )
-        elif npu["pairs_with_torch"] is False:
-            out.append(
-                Finding(
-                    "error",
-                    "torch-npu-mismatch",
-                    f"torch_npu {npu['version']} pairs with torch {npu['expected_torch']}, but torch "
-                    f"{torch['version']} is installed: pip install torch=={npu['expected_torch']} "
-                    "(or the torch_npu release for your torch)",
-                )
-            )
-        if not cann["found"]:
-            out.append(
-                Finding(
-                    "warning",
-                    "cann-missing",
-                    "torch_npu is installed but no CANN toolkit was found "
-                    "(ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest)",
-                )
-            )
-        if npu["import_check"] == "import" and not npu["importable"]:
-            out.append(
-                Finding(
-                    "error", "torch-npu-import", f"import torch_npu failed: {npu['import_detail']}"
-                )
-            )
-    elif torch["installed"]:  # without torch, torch_findings says what is missing
-        hint = (
-            "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
-            if core["emulator_entry_point"]
-            else "; to run NPU code paths on the CPU, pip install 'ascend-patch-core[emulator]'"
-            " and use ascend-patch run --emulate-npu"
-        )
-        out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
-    if devices["error"]:
-        out.append(Finding("warning", "npu-smi", devices["error"]))
-    elif devices["npu_smi"] and not devices["devices"]:
-        out.append(Finding("warning", "no-devices", "npu-smi lists no NPU"))
     return out
 
 
@@ -210,13 +166,18 @@ def _needs_torch(patch: DeclaredPatch) -> bool:
 
 def torch_findings(inventory: Inventory, facts: dict[str, Any]) -> list[Finding]:
     """Without torch, what needs it cannot apply: an error naming the plugins, not an "ok"."""
-    if facts["torch"]["installed"] or facts["torch_npu"]["installed"]:
-        return []  # (torch_npu without torch is stack_findings' torch-missing error)
+    if facts["torch"]["installed"] or (facts.get("torch_npu") or {}).get("installed"):
+        return []  # (torch_npu without torch is the NPU stack reporter's torch-missing error)
     needing = []
     for plugin in inventory.loaded():
         count = sum(_needs_torch(p) for p in plugin.patches)
         if count:
             needing.append(f"{count} of plugin {plugin.name!r}")
+    for plugin in inventory.plugins:
+        # Idle for want of torch among its libraries: its patches are not even loaded.
+        served = served_in(plugin.reason) if plugin.status == "idle" else []
+        if "torch" in served:
+            needing.append(f"all of plugin {plugin.name!r} (it serves {', '.join(served)})")
     if not needing:
         return [Finding("note", "no-torch", "torch is not installed (no loaded plugin patches it)")]
     return [

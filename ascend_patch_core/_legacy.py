@@ -141,7 +141,8 @@ def legacy_function(name: str) -> Callable[..., None] | None:
     from ._registry import PluginSelection
     from ._registry import load_plugins
 
-    loaded, _, _ = load_plugins(PluginSelection.from_env(), MetadataCache())
+    # A 1.0 name is asked for by name: its plugin is loaded even where its library is absent.
+    loaded, _, _ = load_plugins(PluginSelection.from_env(), MetadataCache(), skip_idle=False)
     for plugin in loaded:
         for item in plugin.patches:
             if isinstance(item, type) and issubclass(item, Patch) and item.legacy_name == name:

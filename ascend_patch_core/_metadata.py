@@ -306,15 +306,23 @@ class MetadataCache:
 
     # -- queries ------------------------------------------------------------------
 
-    def entry_points(self, group: str, *, fresh: bool = False) -> list[EntryPointInfo]:
-        """Entry points of ``group``, one per entry-point name (first on sys.path wins), sorted by name."""
+    def entry_points(
+        self, group: str, *, fresh: bool = False, also: tuple[str, ...] = ()
+    ) -> list[EntryPointInfo]:
+        """Entry points of ``group``, one per entry-point name (first on sys.path wins), sorted by name.
+
+        ``also``: groups to read in the same pass when ``group`` has to be read (each
+        read walks every distribution: a few ms for 150 on a cache miss).
+        """
         with self._lock:
             data = self._load(check=True)
             rows = None if fresh else data["groups"].get(group)
             if rows is None:
-                rows, shadowed = _scan_group(group, data["paths"])
-                data["groups"][group] = rows
-                data["shadowed"][group] = shadowed
+                wanted = [group, *(g for g in also if fresh or g not in data["groups"])]
+                for name, (kept, shadowed) in _scan_groups(wanted, data["paths"]).items():
+                    data["groups"][name] = kept
+                    data["shadowed"][name] = shadowed
+                rows = data["groups"][group]
                 self._dirty = True
             return [EntryPointInfo(*row[:5]) for row in rows]
 
@@ -390,21 +398,23 @@ def _entries(paths: Mapping[str, Any]) -> dict[str, str]:
 _Row = tuple[str, str, str, str, str, "str | None", "str | None"]
 
 
-def _scan_group(group: str, paths: Mapping[str, Any]) -> tuple[list[_Row], list[_Row]]:
-    """(kept, shadowed) entry points of ``group``, each with the metadata directory it came from."""
+def _scan_groups(
+    groups: list[str], paths: Mapping[str, Any]
+) -> dict[str, tuple[list[_Row], list[_Row]]]:
+    """Per group, (kept, shadowed) entry points, each with the metadata directory it came from."""
     from importlib import metadata as importlib_metadata
 
     entries = _entries(paths)
-    rows: dict[str, _Row] = {}
-    shadowed: list[_Row] = []
+    rows: dict[str, dict[str, _Row]] = {group: {} for group in groups}
+    shadowed: dict[str, list[_Row]] = {group: [] for group in groups}
     for dist in importlib_metadata.distributions():
         try:
             # Most distributions name no entry point of ours: a substring test on the
             # file is enough to pass them over without parsing it.
             text = dist.read_text("entry_points.txt")
-            if not text or group not in text:
+            if not text or not any(group in text for group in groups):
                 continue
-            eps = [ep for ep in dist.entry_points if ep.group == group]
+            eps = [ep for ep in dist.entry_points if ep.group in rows]
         except Exception:  # a broken distribution must not stop discovery
             continue
         if not eps:
@@ -414,13 +424,16 @@ def _scan_group(group: str, paths: Mapping[str, Any]) -> tuple[list[_Row], list[
         where = _cache_validation.origin(getattr(dist, "_path", None), entries)
         for ep in eps:
             # pluggy's rule: the first distribution on sys.path wins a name.
-            row = (ep.name, ep.value, group, name, version, *where)
-            if ep.name in rows:
-                if rows[ep.name][3] != name:  # the same dist seen twice is no conflict
-                    shadowed.append(row)
+            row = (ep.name, ep.value, ep.group, name, version, *where)
+            kept = rows[ep.group]
+            if ep.name in kept:
+                if kept[ep.name][3] != name:  # the same dist seen twice is no conflict
+                    shadowed[ep.group].append(row)
             else:
-                rows[ep.name] = row
-    return [rows[n] for n in sorted(rows)], shadowed
+                kept[ep.name] = row
+    return {
+        group: ([kept[n] for n in sorted(kept)], shadowed[group]) for group, kept in rows.items()
+    }
 
 
 #: The process-wide cache.

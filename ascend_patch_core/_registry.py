@@ -30,6 +30,9 @@ from ._plugin_load import HOOK_NAMES
 from ._plugin_load import LoadedPlugin
 from ._plugin_load import close_match
 from ._plugin_load import load_one
+from ._plugin_serves import GROUP as SERVES_GROUP
+from ._plugin_serves import idle_reason
+from ._plugin_serves import served_by
 from ._report import Provenance
 from ._report import Record
 from ._report import Status
@@ -161,12 +164,16 @@ def load_plugins(
     selection: PluginSelection,
     cache: MetadataCache,
     also_disabled: Iterable[str] = (),
+    *,
+    skip_idle: bool = True,
 ) -> tuple[list[LoadedPlugin], list[Record], list[str]]:
     """Discover, load and call every selected plugin, each in isolation.
 
     ``also_disabled`` are names given to ``Patcher.disable()``: those naming a plugin
     keep it from being imported at all; the others (patch names) are not plugins and
-    are not reported as unknown here.
+    are not reported as unknown here. ``skip_idle``: a plugin none of whose served
+    libraries is installed (:mod:`._plugin_serves`) is not imported, unless
+    ``ASCEND_PATCH_PLUGINS`` names it.
 
     Returns the healthy plugins with their declarations, a record per plugin
     (including broken and disabled ones), and warnings.
@@ -183,8 +190,14 @@ def load_plugins(
 
     infos: list[EntryPointInfo] = []
     if selection.autoload or selection.allow:
-        infos = cache.entry_points(_hookspecs.PROJECT_NAME)
-    for dropped in cache.shadowed_entry_points(_hookspecs.PROJECT_NAME) if infos else ():
+        # The served libraries are read in the same pass over the distributions.
+        infos = cache.entry_points(_hookspecs.PROJECT_NAME, also=(SERVES_GROUP,))
+    hidden = cache.shadowed_entry_points(_hookspecs.PROJECT_NAME) if infos else []
+    served: dict[str, tuple[str, ...]] = {}
+    if infos and skip_idle:
+        served, stray = served_by(cache, infos, hidden)
+        warnings.extend(stray)
+    for dropped in hidden:
         kept = next((i for i in infos if i.name == dropped.name), None)
         warnings.append(
             f"plugin name {dropped.name!r} is declared by {dropped.distribution} {dropped.version} too; "
@@ -251,6 +264,11 @@ def load_plugins(
         ):
             record.set(Status.SKIPPED, "ASCEND_PATCH_AUTOLOAD=0")
             continue
+        if name in served and ep_info is not None and not (normalized_allow or set()) & names:
+            idle = idle_reason(cache, served[name])
+            if idle is not None:
+                record.set(Status.SKIPPED, idle)
+                continue
         plugin = load_one(
             pm, _hookspecs.PROJECT_NAME, name, prov, ep_info, obj, record, selection.timeout
         )

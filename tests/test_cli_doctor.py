@@ -410,22 +410,22 @@ def test_variable_advice(tmp_path: Path, site: Path, variables: dict[str, str], 
 
 def test_cann_on_disk_without_its_environment(tmp_path: Path, site: Path) -> None:
     """A CANN toolkit found only by its default location (set_env.sh not sourced) gets the source advice."""
-    from ascend_patch_core import _npu_stack
+    from ascend_patch_torch import stack
 
     home = tmp_path / "ascend-toolkit" / "latest"
     (home / "compiler").mkdir(parents=True)
     (home / "compiler" / "version.info").write_text("Version=7.0.0\n")
-    original = _npu_stack._CANN_ROOTS
-    _npu_stack._CANN_ROOTS = (str(home),)
+    original = stack._CANN_ROOTS
+    stack._CANN_ROOTS = (str(home),)
     try:
-        cann = _npu_stack.cann_info({})
+        cann = stack.cann_info({})
     finally:
-        _npu_stack._CANN_ROOTS = original
+        stack._CANN_ROOTS = original
     facts = {
         "torch_npu": {"installed": False, "autoload_entry_point": False, "importable": None},
         "cann": cann,
     }
-    _, advice = _npu_stack.variable_findings(facts, {})
+    advice = stack.variable_findings(facts, {})
 
     assert (cann["found"], cann["version"], cann["found_by"]) == (True, "7.0.0", "default location")
     assert cann["set_env_sourced"] is False

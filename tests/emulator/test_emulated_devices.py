@@ -13,8 +13,8 @@ import torch
 from ascend_patch_emulator._activate import DEVICES_VARIABLE
 from ascend_patch_emulator._activate import MAX_DEVICES
 from ascend_patch_emulator._activate import resolve_device_count
+from ascend_patch_emulator.doctor import VARIABLES
 
-from ascend_patch_core._npu_stack import KNOWN_VARIABLES
 from ascend_patch_core._run import EMULATED_DEVICES_VAR
 from ascend_patch_core._run import MAX_EMULATED_DEVICES
 
@@ -85,7 +85,7 @@ def test_invalid_ordinal_names_what_the_user_can_do(clean_env):
 
 def test_the_variable_is_one_name_and_doctor_knows_it():
     assert EMULATED_DEVICES_VAR == DEVICES_VARIABLE
-    assert "run --emulated-devices" in KNOWN_VARIABLES[DEVICES_VARIABLE]
+    assert "run --emulated-devices" in VARIABLES[DEVICES_VARIABLE]
 
 
 SCRIPT = textwrap.dedent(

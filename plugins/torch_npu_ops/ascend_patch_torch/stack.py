@@ -1,38 +1,40 @@
-"""The doctor's NPU-stack section: torch_npu, CANN, NPUs, the variables that steer them.
+"""What ``ascend-patch doctor`` says about the NPU software stack: torch_npu, CANN, NPUs, variables.
 
-The engine knows nothing of these (NPU runtime settings are the torch plugin's);
-only ``ascend-patch doctor`` reads them. Facts about the NPU software stack, read
-without importing torch or torch_npu.
+The core's doctor knows nothing of these: it finds this module through the
+entry-point group ``ascend_patch.doctor`` (docs/core.md, "Doctor reporters") and
+shows what it returns. A reporter has ``VARIABLES`` (name -> what it does),
+``facts(environment, try_import)`` (sections of doctor's ``environment``),
+``rows(environment)`` (lines of its Environment table) and ``findings(environment,
+environ)`` (``(level, code, message)`` advice).
 
 Everything here comes from distribution metadata, files the CANN installer writes,
-``npu-smi`` and the environment. Importing torch costs seconds and importing
-torch_npu without CANN fails (and, through torch's backend autoload, breaks
-``import torch`` itself); ``ascend-patch doctor`` must answer in well under a
-second, so a real import happens only on request (``--try-import``), in a child
-process.
+``npu-smi`` and the environment, read without importing torch or torch_npu.
+Importing torch costs seconds and importing torch_npu without CANN fails (and,
+through torch's backend autoload, breaks ``import torch`` itself); ``ascend-patch
+doctor`` must answer in well under a second, so a real import happens only on request
+(``--try-import``), in a child process.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 from typing import NamedTuple
 
-from ._metadata import MetadataCache
-
 
 __all__ = [
-    "KNOWN_VARIABLES",
+    "VARIABLES",
     "Finding",
     "cann_info",
+    "facts",
+    "findings",
     "npu_info",
-    "python_info",
-    "torch_info",
+    "rows",
     "torch_npu_info",
     "variable_findings",
 ]
@@ -46,8 +48,9 @@ class Finding(NamedTuple):
     message: str
 
 
-#: Variables doctor shows (set ones always, all of them with -v), with what they do.
-KNOWN_VARIABLES: dict[str, str] = {
+#: The NPU runtime's variables doctor shows (set ones always, all of them with -v), with
+#: what they do. Some are the defaults this plugin sets (env.py).
+VARIABLES: dict[str, str] = {
     "TORCH_DEVICE_BACKEND_AUTOLOAD": "0 stops `import torch` from importing torch_npu",
     "ASCEND_RT_VISIBLE_DEVICES": "which NPUs the process sees (the NPU's CUDA_VISIBLE_DEVICES)",
     "ASCEND_TOOLKIT_HOME": "CANN toolkit root, set by set_env.sh",
@@ -68,20 +71,6 @@ KNOWN_VARIABLES: dict[str, str] = {
     "CPU_AFFINITY_CONF": "torch_npu binding of host threads to CPU cores",
     "INF_NAN_MODE_ENABLE": "1 keeps inf/nan semantics in NPU arithmetic (saturation mode otherwise)",
     "COMBINED_ENABLE": "1 fuses discontiguous-tensor copies",
-    "ASCEND_PATCH_DISABLE": "ascend-patch: plugins not to load",
-    "ASCEND_PATCH_ENABLE": "ascend-patch: opt-in patch groups to turn on",
-    "ASCEND_PATCH_PLUGINS": "ascend-patch: load only these plugins",
-    "ASCEND_PATCH_AUTOLOAD": "ascend-patch: 0 turns plugin discovery off",
-    "ASCEND_PATCH_STRICT": "ascend-patch: 1 makes every failure raise",
-    "ASCEND_PATCH_PLUGIN_TIMEOUT": (
-        "ascend-patch: seconds each plugin may take to load (0: no bound; default 10 in the"
-        " commands, none for apply())"
-    ),
-    "ASCEND_PATCH_RUN": "ascend-patch: set by `ascend-patch run` for the processes it starts",
-    "ASCEND_PATCH_EMULATED_DEVICES": (
-        "ascend-patch: how many NPUs the emulator provides (default: torchrun's"
-        " LOCAL_WORLD_SIZE, else 1); `run --emulated-devices N` sets it"
-    ),
 }
 
 _CANN_ROOTS = (
@@ -92,14 +81,19 @@ _CANN_ROOTS = (
 _CANN_LIBS = ("libascendcl.so", "libhccl.so")
 
 
-def python_info() -> dict[str, Any]:
-    return {
-        "version": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "executable": sys.executable,
-        "prefix": sys.prefix,
-        "platform": f"{platform.system()}-{platform.machine()}",
-    }
+def _version(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _entry_points(group: str) -> list[Any]:
+    from importlib import metadata
+
+    return list(metadata.entry_points(group=group))
 
 
 def _release(version: str | None) -> tuple[int, ...] | None:
@@ -111,12 +105,6 @@ def _release(version: str | None) -> tuple[int, ...] | None:
         return Version(version).release[:3]
     except Exception:
         return None
-
-
-def torch_info(meta: MetadataCache) -> dict[str, Any]:
-    version = meta.version("torch")
-    local = version.partition("+")[2] if version else ""
-    return {"installed": version is not None, "version": version, "build": local or None}
 
 
 def _lib_dirs() -> list[str]:
@@ -133,11 +121,9 @@ def _find_libs(names: tuple[str, ...]) -> dict[str, str | None]:
     return found
 
 
-def torch_npu_info(
-    meta: MetadataCache, torch_version: str | None, try_import: bool
-) -> dict[str, Any]:
+def torch_npu_info(torch_version: str | None, try_import: bool) -> dict[str, Any]:
     """Installed? Paired with torch? Importable (predicted from CANN's libraries, or tried)?"""
-    version = meta.version("torch-npu")
+    version = _version("torch-npu")
     info: dict[str, Any] = {
         "installed": version is not None,
         "version": version,
@@ -157,7 +143,7 @@ def torch_npu_info(
         # torch_npu X.Y.Z[.postN] pairs with torch X.Y.Z (its Requires-Dist pins it).
         info["pairs_with_torch"] = npu_release == torch_release
     info["autoload_entry_point"] = any(
-        ep.name == "torch_npu" for ep in meta.entry_points("torch.backends")
+        ep.name == "torch_npu" for ep in _entry_points("torch.backends")
     )
     if try_import:
         ok, detail = _try_import_torch_npu()
@@ -289,14 +275,10 @@ def npu_info(timeout: float = 10.0) -> dict[str, Any]:
 
 
 def variable_findings(
-    facts: dict[str, Any], environ: dict[str, str] | None = None
-) -> tuple[list[dict[str, Any]], list[Finding]]:
-    """The known variables with their values, and advice derived from them and ``facts``."""
+    facts: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> list[Finding]:
+    """Advice derived from the variables and ``facts`` (doctor's environment sections)."""
     env = os.environ if environ is None else environ
-    rows = [
-        {"name": name, "value": env.get(name), "meaning": meaning}
-        for name, meaning in KNOWN_VARIABLES.items()
-    ]
     out: list[Finding] = []
     npu = facts["torch_npu"]
     cann = facts["cann"]
@@ -391,4 +373,97 @@ def variable_findings(
                 f"source {os.path.join(os.path.dirname(cann['home'].rstrip('/')), 'set_env.sh')}",
             )
         )
-    return rows, out
+    return out
+
+
+def facts(environment: Mapping[str, Any], try_import: bool) -> dict[str, Any]:
+    """Doctor's ``torch_npu``, ``cann`` and ``npu`` sections (``environment`` holds the core's ``torch``)."""
+    torch = environment.get("torch") or {}
+    return {
+        "torch_npu": torch_npu_info(torch.get("version"), try_import),
+        "cann": cann_info(),
+        "npu": npu_info(),
+    }
+
+
+def rows(environment: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The Environment table's torch_npu, CANN and NPUs lines."""
+    npu, cann, devices = environment["torch_npu"], environment["cann"], environment["npu"]
+    out: list[tuple[str, str]] = []
+    if npu["installed"]:
+        pairs = {True: "pairs with torch", False: f"needs torch {npu['expected_torch']}", None: ""}
+        importable = {True: "importable", False: "not importable", None: ""}[npu["importable"]]
+        how = "" if npu["import_check"] == "import" else " (predicted)"
+        text = f"{npu['version']}, {pairs[npu['pairs_with_torch']]}, {importable}{how}"
+        out.append(("torch_npu", text.replace(", ,", ",")))
+    else:
+        out.append(("torch_npu", "not installed"))
+    if cann["found"]:
+        out.append(("CANN", f"{cann['version'] or 'version unknown'}  {cann['home']}"))
+    else:
+        out.append(("CANN", "not found"))
+    if devices["npu_smi"] is None:
+        out.append(("NPUs", "npu-smi not found"))
+    else:
+        names = ", ".join(f"{d['id']}:{d['name']}({d['health']})" for d in devices["devices"])
+        out.append(("NPUs", f"{len(devices['devices'])} {names}".strip()))
+    return out
+
+
+def findings(environment: Mapping[str, Any], environ: Mapping[str, str]) -> list[Finding]:
+    """The stack's errors and advice: pairing, CANN, npu-smi, then the variables."""
+    return stack_findings(environment) + variable_findings(environment, environ)
+
+
+def stack_findings(environment: Mapping[str, Any]) -> list[Finding]:
+    torch, npu = environment["torch"], environment["torch_npu"]
+    cann, devices = environment["cann"], environment["npu"]
+    out: list[Finding] = []
+    if npu["installed"]:
+        if not torch["installed"]:
+            out.append(
+                Finding(
+                    "error",
+                    "torch-missing",
+                    f"torch_npu {npu['version']} is installed but torch is not",
+                )
+            )
+        elif npu["pairs_with_torch"] is False:
+            out.append(
+                Finding(
+                    "error",
+                    "torch-npu-mismatch",
+                    f"torch_npu {npu['version']} pairs with torch {npu['expected_torch']}, but torch "
+                    f"{torch['version']} is installed: pip install torch=={npu['expected_torch']} "
+                    "(or the torch_npu release for your torch)",
+                )
+            )
+        if not cann["found"]:
+            out.append(
+                Finding(
+                    "warning",
+                    "cann-missing",
+                    "torch_npu is installed but no CANN toolkit was found "
+                    "(ASCEND_TOOLKIT_HOME, /usr/local/Ascend/ascend-toolkit/latest)",
+                )
+            )
+        if npu["import_check"] == "import" and not npu["importable"]:
+            out.append(
+                Finding(
+                    "error", "torch-npu-import", f"import torch_npu failed: {npu['import_detail']}"
+                )
+            )
+    elif torch["installed"]:  # without torch, the core's doctor says what is missing
+        emulator = any(ep.name == "torch_npu" for ep in _entry_points("ascend_patch.emulator"))
+        hint = (
+            "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
+            if emulator
+            else "; to run NPU code paths on the CPU, pip install 'ascend-patch-core[emulator]'"
+            " and use ascend-patch run --emulate-npu"
+        )
+        out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
+    if devices["error"]:
+        out.append(Finding("warning", "npu-smi", devices["error"]))
+    elif devices["npu_smi"] and not devices["devices"]:
+        out.append(Finding("warning", "no-devices", "npu-smi lists no NPU"))
+    return out
