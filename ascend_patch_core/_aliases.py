@@ -24,6 +24,7 @@ from ._target import Missing
 from ._target import Waiting
 from ._target import adapt_to_descriptor
 from ._target import candidate_modules
+from ._target import engine_owned
 from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
@@ -79,6 +80,10 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
         aliases[path] = "applied"
         return
     try:
+        if engine_owned(found.owner):
+            from ._engine_targets import refuse_slot
+
+            refuse_slot(found, path)
         original = inner_callable(found.raw)
         if original is ABSENT:  # create=True: the alias slot is made too
             original = None

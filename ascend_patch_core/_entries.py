@@ -259,6 +259,15 @@ class LegacyState:
         return self.record.provenance
 
 
+def _failed(record: Record) -> str:
+    """How strict mode names a failed record: a plugin's group with its plugin (a patch's
+    own reason says where it came from)."""
+    plugin = record.provenance.plugin
+    if record.kind == "group" and plugin:
+        return f"group {record.name!r} of plugin {plugin!r}"
+    return record.name
+
+
 def own_modules(entries: Iterable[Entry]) -> list[str]:
     """Modules whose references to originals and replacements are deliberate.
 
@@ -396,7 +405,7 @@ class Ledger:
             failed = [r for r in self.records if r.status is FAILED]
         if failed:
             raise PatchError(
-                "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
+                "ascend-patch (strict): " + "; ".join(f"{_failed(r)}: {r.reason}" for r in failed)
             )
 
     def end_report(self) -> tuple[list[Record], list[str]]:

@@ -51,6 +51,7 @@ from ._target import Slot
 from ._target import Waiting
 from ._target import adapt_to_descriptor
 from ._target import candidate_modules
+from ._target import engine_owned
 from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
@@ -269,6 +270,7 @@ class Installer:
                     patch.direct
                     and type(owner) is types.ModuleType
                     and type(original) not in _DESCRIPTORS
+                    and not engine_owned(owner)  # refused by _put_in
                 ):
                     to_build.append((entry, slot))
                     continue
@@ -348,6 +350,10 @@ class Installer:
         """
         patch = entry.patch
         try:
+            if engine_owned(slot.owner):
+                from ._engine_targets import refuse_slot
+
+                refuse_slot(slot, patch.target)
             original_raw = slot.raw
             original = (
                 inner_callable(original_raw) if type(original_raw) in _DESCRIPTORS else original_raw
