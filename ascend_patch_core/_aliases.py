@@ -97,19 +97,17 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
                 new_inner = counted(new_inner, entry.record)
         new_raw = adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
         modules_before = module_ids()
-        found.install(new_raw)
+        # Put in and recorded as one step, under the lock (a fork() child sees both or
+        # neither); not at all if revert() ran meanwhile.
+        with installer.ledger.lock:
+            if entry.status is not APPLIED:
+                return
+            found.install(new_raw)
+            site.installed_now(found, new_raw, new_inner, modules_before)
+            installer.log.append(site)
     except Exception as exc:
         aliases[path] = f"failed: {exc}"
         entry.record.warnings.append(f"alias {path} failed: {exc}")
-        return
-    with installer.ledger.lock:
-        cancelled = entry.status is not APPLIED  # revert() ran meanwhile
-        if not cancelled:
-            site.installed_now(found, new_raw, new_inner, modules_before)
-            installer.log.append(site)
-    if cancelled:
-        if found.current() is new_raw:
-            found.restore()
         return
     aliases[path] = "applied"
 

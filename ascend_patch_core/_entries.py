@@ -3,8 +3,9 @@
 An entry's state is its record's :class:`Status` (what the report shows), plus one
 flag, ``claimed``: the thread installing it owns it from then on. So "pending and
 not claimed" is open (planned, or waiting for an import or a dependency); "pending
-and claimed" is being installed; applied, skipped, failed and reverted are what
-they say.
+and claimed" is being installed (``claimed`` is then that thread's ident, which a
+``fork()`` child reads to hand back what a thread it does not have was installing);
+applied, skipped, failed and reverted are what they say.
 
 The ledger holds what one patcher planned and did -- records, warnings, entries --
 and the lock that guards them. The Patcher, the planner, the installer and the undo
@@ -134,8 +135,9 @@ class Entry(Site):
         "watching",
     )
 
-    #: Owned by the thread installing it (from the claim until the end of its life).
-    claimed: bool
+    #: Owned by the thread installing it (from the claim until the end of its life):
+    #: False while open, that thread's ident while pending, True once ended.
+    claimed: bool | int
     #: Requirements checked, with their answers: (text, satisfied, explanation).
     verdicts: list[tuple[str, bool, str]] | tuple[()]
     #: The entries it waits for (``after=``), and those waiting for it.
