@@ -25,6 +25,7 @@ from ._target import Missing
 from ._target import Waiting
 from ._target import adapt_to_descriptor
 from ._target import candidate_modules
+from ._target import engine_owned
 from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
@@ -80,6 +81,10 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
         aliases[path] = "applied"
         return
     try:
+        if engine_owned(found.owner):
+            from ._engine_targets import refuse_slot
+
+            refuse_slot(found, path)
         original = inner_callable(found.raw)
         if original is ABSENT:  # create=True: the alias slot is made too
             original = None
@@ -93,20 +98,18 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
                 new_inner = counted(new_inner, entry.record)
         new_raw = adapt_to_descriptor(found.raw, new_inner) if found.kind == "class" else new_inner
         modules_before = module_ids()
-        found.install(new_raw)
-    except Exception as exc:
-        aliases[path] = f"failed: {exc}"
-        entry.record.warnings.append(f"alias {path} failed: {exc}")
-        return
-    with installer.ledger.lock:
-        cancelled = entry.status is not APPLIED  # revert() ran meanwhile
-        if not cancelled:
+        # Put in and recorded as one step, under the lock (a fork() child sees both or
+        # neither); not at all if revert() ran meanwhile.
+        with installer.ledger.lock:
+            if entry.status is not APPLIED:
+                return
+            found.install(new_raw)
             site.installed_now(found, new_raw, new_inner, modules_before)
             push_layer(site)
             installer.log[site] = None
-    if cancelled:
-        if found.current() is new_raw:
-            found.restore()
+    except Exception as exc:
+        aliases[path] = f"failed: {exc}"
+        entry.record.warnings.append(f"alias {path} failed: {exc}")
         return
     aliases[path] = "applied"
 

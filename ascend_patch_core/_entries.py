@@ -3,8 +3,9 @@
 An entry's state is its record's :class:`Status` (what the report shows), plus one
 flag, ``claimed``: the thread installing it owns it from then on. So "pending and
 not claimed" is open (planned, or waiting for an import or a dependency); "pending
-and claimed" is being installed; applied, skipped, failed and reverted are what
-they say.
+and claimed" is being installed (``claimed`` is then that thread's ident, which a
+``fork()`` child reads to hand back what a thread it does not have was installing);
+applied, skipped, failed and reverted are what they say.
 
 The ledger holds what one patcher planned and did -- records, warnings, entries --
 and the lock that guards them. The Patcher, the planner, the installer and the undo
@@ -149,8 +150,9 @@ class Entry(Site):
         "watching",
     )
 
-    #: Owned by the thread installing it (from the claim until the end of its life).
-    claimed: bool
+    #: Owned by the thread installing it (from the claim until the end of its life):
+    #: False while open, that thread's ident while pending, True once ended.
+    claimed: bool | int
     #: Requirements checked, with their answers: (text, satisfied, explanation).
     verdicts: list[tuple[str, bool, str]] | tuple[()]
     #: The entries it waits for (``after=``), and those waiting for it.
@@ -310,6 +312,15 @@ def push_layer(site: Site) -> None:
     top_layers[key] = site
 
 
+def _failed(record: Record) -> str:
+    """How strict mode names a failed record: a plugin's group with its plugin (a patch's
+    own reason says where it came from)."""
+    plugin = record.provenance.plugin
+    if record.kind == "group" and plugin:
+        return f"group {record.name!r} of plugin {plugin!r}"
+    return record.name
+
+
 def own_modules(entries: Iterable[Entry]) -> list[str]:
     """Modules whose references to originals and replacements are deliberate.
 
@@ -441,7 +452,7 @@ class Ledger:
             ]
         if failed:
             raise PatchError(
-                "ascend-patch (strict): " + "; ".join(f"{r.name}: {r.reason}" for r in failed)
+                "ascend-patch (strict): " + "; ".join(f"{_failed(r)}: {r.reason}" for r in failed)
             )
 
     def end_report(self) -> tuple[list[Record], list[str]]:

@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Protocol
 
+from ._delivering import delivering
+from ._delivering import forget_delivered
+from ._delivering import initializing
 from ._errors import PatchError
 
 
@@ -333,22 +336,25 @@ class ImportHub:
 
     def notify(self, name: str, module: types.ModuleType) -> None:
         """Run the callbacks waiting for ``name``. Called after its body has run."""
+        me = threading.get_ident()
         with self._lock:
             handles = self._watches.pop(name, [])
             patterns = self.matching_patterns(name) if self._patterns else []
             self._maybe_uninstall()
+            waiting = [p.callback for p in reversed(patterns)]
+            waiting += [h.callback for h in reversed(handles)]
+            # Set under the lock that fork() takes, with the watches taken: a fork()
+            # child finds every callback it must still run (_delivering, _fork).
+            delivering[name] = (me, module, waiting)
         errors: list[PatchError] = []
-        callbacks = [h.callback for h in handles] + [p.callback for p in patterns]
         depth = getattr(_local, "callback_depth", 0)
         _local.callback_depth = depth + 1
-        # importlib marks the module initialized only after its loader returns, that is
-        # after these callbacks; for this thread, though, its body has run.
-        finished = getattr(_local, "finished", None)
-        if finished is None:
-            finished = _local.finished = set()
-        finished.add(name)
         try:
-            for callback in callbacks:
+            while waiting:
+                # Taken off the list once it has returned: one a fork() interrupts is
+                # run again in the child (the engine's callbacks are idempotent: an entry
+                # is claimed once, a hook visits a module once).
+                callback = waiting[-1]
                 try:
                     callback(module)
                 except PatchError as exc:  # strict mode: surfaced to the importer
@@ -359,10 +365,16 @@ class ImportHub:
                         RuntimeWarning,
                         stacklevel=2,
                     )
+                finally:
+                    waiting.pop()
+        except BaseException:
+            delivering.pop(name, None)  # the import fails: importlib drops the module
+            raise
         finally:
             _local.callback_depth = depth
-            finished.discard(name)
+        forget_delivered(me)  # this import's entry stays until importlib has ended it
         if errors:
+            delivering.pop(name, None)
             # The import fails and importlib drops the module: what was installed on it
             # is gone with it, and those who installed it must say so.
             for ref in list(self._failure_listeners):
@@ -473,18 +485,6 @@ def import_locks() -> dict[str, Any] | None:
 def import_in_progress(name: str) -> bool:
     locks = import_locks()
     return name in sys.modules or (locks is not None and name in locks)
-
-
-def initializing(module: types.ModuleType | None) -> bool:
-    """Whether ``module`` is still running its body (as this thread sees it)."""
-    spec = getattr(module, "__spec__", None)
-    if not getattr(spec, "_initializing", False):
-        return False
-    # Inside the post-import callbacks of this module the body is done, though
-    # importlib will mark it so only when they return (else a patch would wait for
-    # the end of an import that has already ended, for ever).
-    finished = getattr(_local, "finished", None)
-    return not (finished and getattr(spec, "name", None) in finished)
 
 
 #: The single hub of this process.

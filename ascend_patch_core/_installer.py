@@ -10,7 +10,11 @@ Thread safety: transitions happen under the ledger's lock, held only for
 bookkeeping; no import starts and no user code (prechecks, wrappers, factories)
 runs while it is held, so an import hook firing in another thread can never
 deadlock against ``apply()``. An entry is claimed under the lock, so it is
-installed exactly once however many threads race to import its module.
+installed exactly once however many threads race to import its module. What goes
+into the slot is built outside the lock and put in under it, in the same step that
+records it: ``fork()`` takes the lock (``_fork``), so a child sees a patch whole or
+not at all, and an entry still claimed by a thread the child does not have is
+handed back.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from ._target import Slot
 from ._target import Waiting
 from ._target import adapt_to_descriptor
 from ._target import candidate_modules
+from ._target import engine_owned
 from ._target import initializing_prefixes
 from ._target import inner_callable
 from ._target import resolve
@@ -61,7 +66,7 @@ from ._target import settle_initializing
 
 __all__ = ["Installer"]
 
-#: What _put_in returns when nothing went into the slot.
+#: What _build returns when nothing is to go into the slot.
 _NOT_INSTALLED = object()
 _DESCRIPTORS = (staticmethod, classmethod, property)
 _FUNCTION = types.FunctionType
@@ -194,7 +199,7 @@ class Installer:
         """
         from ._undo import restore_site
 
-        with self.ledger.lock:
+        with self.ledger.lock:  # one step: a fork() child sees it done or not begun
             reopen = [e for e, where in self._failed_in_import if where == name]
             self._failed_in_import = [(e, w) for e, w in self._failed_in_import if w != name]
             on_module = [
@@ -204,9 +209,7 @@ class Installer:
             ]
             for entry in on_module:
                 self.log.pop(entry, None)
-        for entry in on_module:
-            restore_site(entry, self.ledger.warn)
-        with self.ledger.lock:
+                restore_site(entry, self.ledger.warn)
             for entry in (*on_module, *reopen):
                 entry.claimed = False
                 entry.original = entry.replacement = entry.new_inner = None
@@ -246,7 +249,8 @@ class Installer:
         to_build: list[tuple[Entry, Slot]] = []
         follow_up: list[Entry] = []
         later: list[Entry] = []
-        immediate = self.applying_thread == threading.get_ident()
+        me = threading.get_ident()
+        immediate = self.applying_thread == me
         # Its module's first import must not start under the ledger lock.
         make_wrapper = (
             wrapper_maker() if any(e.patch.runtime_check is not None for e in entries) else None
@@ -264,13 +268,14 @@ class Installer:
                 if slot is None or entry.claimed or entry.record.status is not PENDING:
                     later.append(entry)
                     continue
-                entry.claimed = True  # fresh from planning: no watch to stop
+                entry.claimed = me  # fresh from planning: no watch to stop
                 owner, original, replacement = slot.owner, slot.raw, patch.replacement
                 check = patch.runtime_check
                 if not (
                     patch.direct
                     and type(owner) is types.ModuleType
                     and type(original) not in _DESCRIPTORS
+                    and not engine_owned(owner)  # refused by _build
                 ):
                     to_build.append((entry, slot))
                     continue
@@ -287,9 +292,8 @@ class Installer:
                     continue
                 entry.replacement, entry.new_inner = replacement, new
                 entry.original = None if original is ABSENT else original  # create=True
-                setattr(owner, slot.key, new)
                 entry.modules_before = modules_before
-                self._commit(entry, slot, new, immediate)
+                self._commit(entry, slot, new, immediate)  # a plain module's setattr: no failure
                 if entry.dependents or entry.alias_sites or _may_be_lazy(new):
                     follow_up.append(entry)
         for entry in follow_up:
@@ -299,25 +303,28 @@ class Installer:
             self.advance(entry)
 
     def _install_built(self, ready: list[tuple[Entry, Slot]], immediate: bool) -> None:
-        """Build and install claimed entries outside the lock; record them under one."""
+        """Build claimed entries outside the lock; put them in and record them under one."""
         if not ready:
             return
         self._snapshot = None
-        installed: list[Any] = []
+        built: list[Any] = []
         failure: PatchError | None = None
         for entry, slot in ready:
             try:
-                installed.append(self._put_in(entry, slot))
+                built.append(self._build(entry, slot))
             except PatchError as exc:  # strict: raised once the others are recorded
-                installed.append(_NOT_INSTALLED)
+                built.append(_NOT_INSTALLED)
                 failure = failure or exc
         with self.ledger.lock:
             committed = [
                 self._commit(entry, slot, raw, immediate)
-                for (entry, slot), raw in zip(ready, installed, strict=True)
+                for (entry, slot), raw in zip(ready, built, strict=True)
             ]
-        for (entry, slot), raw, done in zip(ready, installed, committed, strict=True):
-            self._after_install(entry, slot, raw, done)
+        for (entry, slot), raw, done in zip(ready, built, committed, strict=True):
+            if isinstance(done, Exception):  # the slot refused it
+                failure = failure or self._failed(entry, slot, done)
+            else:
+                self._after_install(entry, slot, raw, done)
         if failure is not None:
             raise failure
 
@@ -326,30 +333,39 @@ class Installer:
             if not self._claim(entry):
                 return
         self._snapshot = None
-        raw = self._put_in(entry, slot)
+        raw = self._build(entry, slot)
         immediate = self.applying_thread == threading.get_ident()
         with self.ledger.lock:
             done = self._commit(entry, slot, raw, immediate)
+        if isinstance(done, Exception):  # the slot refused it
+            error = self._failed(entry, slot, done)
+            if error is not None:
+                raise error from None
+            return
         self._after_install(entry, slot, raw, done)
 
     def _claim(self, entry: Entry) -> bool:
         """Under the lock: make ``entry`` this thread's to install (False: someone else's)."""
         if entry.claimed or entry.record.status is not PENDING:
             return False
-        entry.claimed = True
+        entry.claimed = threading.get_ident()
         if entry.watching:
             for handle in entry.stop_watching():
                 hub.unwatch(handle)
         return True
 
-    def _put_in(self, entry: Entry, slot: Slot) -> Any:
-        """Run the precheck, build the replacement, put it in the slot; return what went in.
+    def _build(self, entry: Entry, slot: Slot) -> Any:
+        """Run the precheck and build the replacement; return what is to go in the slot.
 
         A skip or a failure ends the entry and returns _NOT_INSTALLED; in strict mode a
-        failure raises PatchError (after the entry is ended).
+        failure raises PatchError (after the entry is ended). The commit puts it in.
         """
         patch = entry.patch
         try:
+            if engine_owned(slot.owner):
+                from ._engine_targets import refuse_slot
+
+                refuse_slot(slot, patch.target)
             original_raw = slot.raw
             original = (
                 inner_callable(original_raw) if type(original_raw) in _DESCRIPTORS else original_raw
@@ -372,40 +388,52 @@ class Installer:
             if snapshot is None or snapshot[0] != len(sys.modules):
                 snapshot = self._snapshot = (len(sys.modules), module_ids())
             modules_before = snapshot[1]
-            slot.install(new_raw)
         except Skip as skip:
             with self.ledger.lock:
                 self.finish(entry, SKIPPED, str(skip))
             return _NOT_INSTALLED
         except Exception as exc:
-            reason = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
-            with self.ledger.lock:
-                self.finish(entry, FAILED, f"{reason} [{who(entry)}]")
-            if self._strict():
-                importing = in_import_callback()
-                if importing:
-                    with self.ledger.lock:
-                        self._failed_in_import.append((entry, slot.module))
-                self.advance_dependents(entry)
-                from ._strict import strict_failure
-
+            error = self._failed(entry, slot, exc)
+            if error is not None:
                 # Not chained: the message names the place the cause was raised, and
                 # the user's traceback stays their import line and this message.
-                raise strict_failure(
-                    entry.record, reason, module=slot.module if importing else None, cause=exc
-                ) from None
+                raise error from None
             return _NOT_INSTALLED
         entry.modules_before = modules_before
         return new_raw
 
-    def _commit(self, entry: Entry, slot: Slot, new_raw: Any, immediate: bool) -> bool:
-        """Under the lock: record an installation (False if revert() ran meanwhile).
+    def _failed(self, entry: Entry, slot: Slot, exc: Exception) -> PatchError | None:
+        """End ``entry`` as failed because of ``exc``; in strict mode, the error to raise."""
+        reason = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {exc}"
+        with self.ledger.lock:
+            self.finish(entry, FAILED, f"{reason} [{who(entry)}]")
+        if not self._strict():
+            return None
+        importing = in_import_callback()
+        if importing:
+            with self.ledger.lock:
+                self._failed_in_import.append((entry, slot.module))
+        self.advance_dependents(entry)
+        from ._strict import strict_failure
 
-        ``immediate``: installed by apply() itself, on a module imported before it.
+        return strict_failure(
+            entry.record, reason, module=slot.module if importing else None, cause=exc
+        )
+
+    def _commit(self, entry: Entry, slot: Slot, new_raw: Any, immediate: bool) -> bool | Exception:
+        """Under the lock: put ``new_raw`` in the slot and record it, as one step.
+
+        False if revert() ran meanwhile (nothing is put in); the exception if the slot
+        refused it (a read-only attribute). ``immediate``: installed by apply() itself,
+        on a module imported before it.
         """
         record = entry.record
         if new_raw is _NOT_INSTALLED or record.status is not PENDING:
             return False
+        try:
+            slot.install(new_raw)
+        except Exception as exc:
+            return exc
         if entry.slot is None:  # the first installation (a later one is a with_imports swap)
             entry.slot, entry.installed, entry.installed_inner = slot, new_raw, entry.new_inner
             push_layer(entry)
@@ -428,9 +456,7 @@ class Installer:
 
                 for alias in entry.alias_sites:
                     advance_alias(self, entry, alias)
-        elif new_raw is not _NOT_INSTALLED:  # revert() ran while it was being installed
-            if slot.current() is new_raw:
-                slot.restore()
+        elif new_raw is not _NOT_INSTALLED:  # revert() ran while it was being built
             entry.record.set(REVERTED, "reverted while it was being installed")
             return
         if entry.dependents:

@@ -21,6 +21,7 @@ from typing import Union
 
 from ._errors import PatchDefinitionError
 from ._paths import TargetPath
+from ._paths import may_reach_the_engine
 from ._value import Value
 
 
@@ -146,6 +147,13 @@ class AtomicPatch:
         self.create = bool(create)
         self.rebind = rebind
         self.name = name or target
+        if name is not None:
+            where = f"AtomicPatch({target!r}, name={name!r})"
+        for path in (self.path, *self.alias_paths):
+            if may_reach_the_engine(path):  # _engine_targets is loaded only for such paths
+                from ._engine_targets import refuse_declared
+
+                refuse_declared(path, where, alias=path is not self.path)
         if note is not None and not isinstance(note, str):
             raise PatchDefinitionError(f"{where}: note must be a string, got {type(note).__name__}")
         self.note = note

@@ -23,6 +23,7 @@ from ._config import PatcherConfig
 from ._config import name_of
 from ._entries import Ledger
 from ._env_flags import check_switches
+from ._fork_watch import watch_forks
 from ._installer import Installer
 from ._metadata import metadata
 from ._patch import AtomicPatch
@@ -99,7 +100,11 @@ class Patcher:
         self._applied = False
         #: ASCEND_PATCH_ENABLE's names as apply() read them (kept apart from enable()'s).
         self._env_enabled: frozenset[str] = frozenset()
-        self._apply_finished = threading.Event()
+        #: Notified (under the ledger's lock) when an apply() ends or a fork() is over.
+        self._apply_done = threading.Condition(self._ledger.lock)
+        #: While a fork() is about to happen no apply() starts (_fork).
+        self._forking = False
+        watch_forks(self)
 
     def _rules_strict(self) -> bool:
         # Rules act before apply() settles strictness: the argument, else the switch.
@@ -148,7 +153,8 @@ class Patcher:
         if applied:
             from ._undo import undo_entries
 
-            undo_entries(self._ledger, self._installer, resolved, "disabled after apply()")
+            with self._ledger.lock:  # one step: a fork() child sees it done or not begun
+                undo_entries(self._ledger, self._installer, resolved, "disabled after apply()")
         return self
 
     def enable(self: _Self, *names: str | type[Patch]) -> _Self:
@@ -326,30 +332,29 @@ class Patcher:
         """
         me = threading.get_ident()
         with self._ledger.lock:
+            while self._forking:
+                self._apply_done.wait()
             if self._applied or self._installer.applying_thread == me:
                 return self.report
-            applying = self._installer.applying_thread
-            finished = self._apply_finished if applying is not None else None
-            if finished is None:
-                # Every switch at once, as the commands check them: one verdict, one message.
-                check_switches()
-                selection = self._config.selection()
-                self._installer.count_calls = self._config.counting()
-                self._ledger.start_report()
-                self._strict = selection.strict
-                self._installer.applying_thread = me
-                self._apply_finished = threading.Event()
-        if finished is not None:
-            # Another thread is applying: wait for it (outside the lock, since its
-            # import hooks need the lock), then share its result.
-            finished.wait()
-            return self.report
+            if self._installer.applying_thread is not None:
+                # Another thread is applying: wait for it (the wait lets go of the lock,
+                # which its import hooks need), then share its result.
+                while self._installer.applying_thread is not None:
+                    self._apply_done.wait()
+                return self.report
+            # Every switch at once, as the commands check them: one verdict, one message.
+            check_switches()
+            selection = self._config.selection()
+            self._installer.count_calls = self._config.counting()
+            self._ledger.start_report()
+            self._strict = selection.strict
+            self._installer.applying_thread = me
         try:
             self._apply(selection)
         finally:
             with self._ledger.lock:
                 self._installer.applying_thread = None
-                self._apply_finished.set()
+                self._apply_done.notify_all()
         return self.report
 
     def _apply(self, selection: PluginSelection) -> None:
@@ -444,11 +449,13 @@ class Patcher:
         """
         from ._undo import revert_all
 
+        # One step under the lock, which fork() takes (see _fork): a child never sees a
+        # half-reverted patcher. Nothing here imports or waits for another thread.
         with self._ledger.lock:
             self._applied = False
             sessions, self._sessions = self._sessions, []
             self._installer.stale_candidates = []
-        revert_all(self._ledger, self._installer, sessions)
-        self._activations.undo(self._ledger.warn)
-        records, warnings = self._ledger.end_report()
+            revert_all(self._ledger, self._installer, sessions)
+            self._activations.undo(self._ledger.warn)
+            records, warnings = self._ledger.end_report()
         return Report(records, warnings, self._ledger.lock)

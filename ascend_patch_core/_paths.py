@@ -21,7 +21,18 @@ from ._errors import PatchDefinitionError
 from ._value import Value
 
 
-__all__ = ["Segment", "TargetPath", "is_dotted_name"]
+__all__ = ["ENGINE", "Segment", "TargetPath", "is_dotted_name", "may_reach_the_engine"]
+
+ENGINE = "ascend_patch_core"
+
+#: Names on the way to what the engine itself depends on (``_engine_targets``): a
+#: path without any of them is not looked at more closely when it is declared.
+_ENGINE_WAYS = frozenset(
+    ("sys", "builtins", "__builtins__", "importlib", "_bootstrap", "_bootstrap_external",
+     "machinery", "_frozen_importlib", "_frozen_importlib_external", "threading", "os", "_os",
+     "_imp", "_thread", "_weakref", "_warnings", "marshal", "_io", "posix", "nt", "winreg",
+     ENGINE)
+)  # fmt: skip
 
 # Patterns are compiled on first use (re caches them): import time is budgeted.
 _BRACKET = r"""\[(?:'([^']*)'|"([^"]*)")\]"""
@@ -30,6 +41,12 @@ _BRACKET = r"""\[(?:'([^']*)'|"([^"]*)")\]"""
 def is_dotted_name(text: str) -> bool:
     """True for 'a', 'a.b_c.d': what a module path or attribute chain may look like."""
     return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
+def may_reach_the_engine(path: TargetPath) -> bool:
+    """Cheap screen (every declared patch passes it): whether ``path`` names a module the
+    engine depends on, or one that may lead there (``os.sys.modules``)."""
+    return any(segment.name in _ENGINE_WAYS for segment in path.segments)
 
 
 # The small value types below are Value (__slots__) classes, not NamedTuples: see _value.py.

@@ -37,8 +37,9 @@ __all__ = [
 
 
 #: Two threads applying the same patch or group alone must share one Patcher: two would
-#: install it twice, and revert() would undo only the one it finds.
-_own_lock = threading.Lock()
+#: install it twice, and revert() would undo only the one it finds. (Re-entrant: a
+#: fork() child makes it new unless the forking thread holds it; see _fork.)
+_own_lock = threading.RLock()
 
 
 def info_line(patch: AtomicPatch, original: Any, replacement: Any, diff: bool) -> str:

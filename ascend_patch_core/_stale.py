@@ -161,10 +161,12 @@ def report_stale(entries: list[Entry], rebind_stale: bool) -> None:
         for module, name in found:
             label = f"{module.__name__}.{name}"
             if rebind:
-                setattr(module, name, entry.new_inner)
+                # Recorded first: undoing a rebind that did not happen is a no-op (the
+                # holder is checked), forgetting one that did is not (a fork() between).
                 if entry.rebinds is None:
                     entry.rebinds = []
                 entry.rebinds.append((module, name, entry.original))
+                setattr(module, name, entry.new_inner)
                 record.rebound_holders.append(label)
             else:
                 record.stale_holders.append(label)

@@ -20,6 +20,7 @@ from typing import Any
 
 from ._hub import initializing
 from ._hub import wait_for_import
+from ._paths import ENGINE
 from ._paths import Segment
 from ._paths import TargetPath
 from ._value import Value
@@ -27,13 +28,18 @@ from ._value import Value
 
 __all__ = [
     "ABSENT",
+    "IMPORT_STATE",
+    "LOW_LEVEL",
+    "MACHINERY",
     "Missing",
     "Slot",
     "Waiting",
     "adapt_to_descriptor",
     "candidate_modules",
+    "engine_owned",
     "initializing_prefixes",
     "inner_callable",
+    "is_engine",
     "resolve",
     "resolve_global",
     "resolve_string",
@@ -365,3 +371,39 @@ def settle_initializing(path: TargetPath) -> None:
             # Blocks until the other thread's import finishes; returns at once if
             # this thread is the one importing (a circular import).
             wait_for_import(name)
+
+
+# ----------------------------------------------------------------------------- the engine's own
+
+#: What the engine depends on (``_engine_targets`` says why, and refuses patches there).
+IMPORT_STATE = ("modules", "meta_path", "path_hooks", "path_importer_cache")
+MACHINERY = (
+    "importlib._bootstrap",
+    "importlib._bootstrap_external",
+    "importlib.machinery",
+    "_frozen_importlib",
+    "_frozen_importlib_external",
+)
+#: Built-in modules importlib binds at start-up and calls while importing.
+LOW_LEVEL = ("_imp", "_thread", "_weakref", "_warnings", "marshal", "_io", "posix", "nt", "winreg")
+_OWNERS = frozenset(("sys", "builtins", "importlib", "threading", "os", *MACHINERY, *LOW_LEVEL))
+
+
+def is_engine(name: object) -> bool:
+    return isinstance(name, str) and (name == ENGINE or name.startswith(ENGINE + "."))
+
+
+def engine_owned(owner: object) -> bool:
+    """Cheap screen (every installation passes it): whether a slot of ``owner`` may be one
+    the engine depends on; ``_engine_targets.refuse_slot`` then says."""
+    if isinstance(owner, types.ModuleType):
+        name = vars(owner).get("__name__")
+        return name in _OWNERS or is_engine(name)
+    if isinstance(owner, type):
+        defined = vars(owner).get("__module__")
+        return defined in MACHINERY or is_engine(defined)
+    if type(owner) in (dict, list):
+        return any(owner is getattr(sys, key, None) for key in IMPORT_STATE) or (
+            owner is vars(sys.modules["builtins"])
+        )
+    return is_engine(getattr(type(owner), "__module__", None))

@@ -29,6 +29,7 @@ import importlib
 import re
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Union
 from ._errors import PatchDefinitionError
 
 
-__all__ = ["LazyImports", "with_imports"]
+__all__ = ["LazyImports", "every_lazy_imports", "with_imports"]
 
 F = TypeVar("F")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -103,6 +104,10 @@ class _NotImported:
         return f"<not imported: {self._bound}>"
 
 
+#: Every LazyImports alive (``_fork`` renews their locks in a fork() child).
+every_lazy_imports: weakref.WeakSet[LazyImports] = weakref.WeakSet()
+
+
 class LazyImports:
     """The deferred imports of one function; resolved once, on its first call."""
 
@@ -120,7 +125,10 @@ class LazyImports:
         self.resolved = False
         #: The function that stands in for ``func`` until the first call.
         self.trampoline: Callable[..., Any] | None = None
-        self._lock = threading.Lock()
+        # Re-entrant, and known to _fork: a fork() child makes it new (unless the
+        # forking thread holds it), since the thread resolving may not be there.
+        self._lock = threading.RLock()
+        every_lazy_imports.add(self)
         #: Called once after resolution, so a patcher can install ``func`` directly
         #: in place of the trampoline (no extra frame from then on).
         self.on_resolved: list[Callable[[], None]] = []
