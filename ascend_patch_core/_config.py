@@ -248,6 +248,14 @@ class PatcherConfig:
             )
         self.plugin_disable, self.plugin_allow, self.discover, self.strict_arg = merged
 
+    def switches(self, env_enabled: frozenset[str], strict: bool = False) -> dict[str, Any]:
+        """What planning needs to know of disable()/enable() (and ASCEND_PATCH_ENABLE), strictness."""
+        return {
+            "disabled": frozenset(self.disabled),
+            "enabled": frozenset(self.enabled | env_enabled),
+            "strict": strict,
+        }
+
     def selection(self) -> PluginSelection:
         """The plugin selection now: the environment's switches plus the API's."""
         return PluginSelection.from_env(

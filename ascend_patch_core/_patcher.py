@@ -132,7 +132,12 @@ class Patcher:
         for rule in rules:
             self._add_rule(rule)
         if applied and added:
-            planned = plan(added, self._ledger, metadata, **self._switches())
+            planned = plan(
+                added,
+                self._ledger,
+                metadata,
+                **self._config.switches(self._env_enabled, self._strict),
+            )
             self._start(planned)
             if self._strict:  # what this call planned: earlier failures raised when they came
                 self._ledger.raise_if_failed(planned.records)
@@ -372,10 +377,9 @@ class Patcher:
         declared = [*found.declared, *config.items]
         with self._ledger.lock:
             # Plan first: a conflict raises before anything is changed.
-            config.raise_conflicts(declared, with_added=False, enabled=self._switches()["enabled"])
-            planned = plan_bootstrapped(
-                declared, self._ledger, metadata, self._start, **self._switches()
-            )
+            switches = config.switches(self._env_enabled, self._strict)
+            config.raise_conflicts(declared, with_added=False, enabled=switches["enabled"])
+            planned = plan_bootstrapped(declared, self._ledger, metadata, self._start, **switches)
             config.check_unknown_names(
                 self._env_enabled, self._ledger, planned.groups, found.plugin_names, self._strict
             )
@@ -397,14 +401,8 @@ class Patcher:
             for session in start_settings(self, config.settings, self._strict, self._ledger):
                 self.add_session(session)
         metadata.save()
-        self._raise_if_strict_failed()
-
-    def _switches(self) -> dict[str, Any]:
-        return {
-            "disabled": frozenset(self._config.disabled),
-            "enabled": frozenset(self._config.enabled | self._env_enabled),
-            "strict": self._strict,
-        }
+        if self._strict:
+            self._ledger.raise_if_failed()
 
     def _start(self, planned: Plan) -> None:
         crowded = frozenset(id(e) for _, first, later in planned.collisions for e in (first, later))
@@ -434,10 +432,6 @@ class Patcher:
 
             report_stale(entries, self.rebind_stale)
 
-    def _raise_if_strict_failed(self) -> None:
-        if self._strict:
-            self._ledger.raise_if_failed()
-
     # ------------------------------------------------------------------ revert
 
     def revert(self) -> Report:
@@ -449,8 +443,7 @@ class Patcher:
         """
         from ._undo import revert_all
 
-        # One step under the lock, which fork() takes (see _fork): a child never sees a
-        # half-reverted patcher. Nothing here imports or waits for another thread.
+        # One step under the lock, which fork() takes: no child sees a half-reverted patcher.
         with self._ledger.lock:
             self._applied = False
             sessions, self._sessions = self._sessions, []
