@@ -326,6 +326,7 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
 
     from . import _scan
     from ._declarations import collect
+    from ._progress import Progress
 
     try:
         os.stat(ns.path)
@@ -338,7 +339,18 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         plugins=_names(ns.plugins) if ns.plugins else None,
         enable=_names(ns.enable),
     )
-    result = _scan.scan(ns.path, inventory=inventory, exclude=ns.exclude)
+    # Files done / total on stderr, only where a person watches it: never in a pipe,
+    # a log or with --json (docs/cli.md, "Progress").
+    progress = Progress(None if ns.json else sys.stderr, "scanning")
+    try:
+        result = _scan.scan(
+            ns.path,
+            inventory=inventory,
+            exclude=ns.exclude,
+            progress=progress.update if progress.enabled else None,
+        )
+    finally:
+        progress.close()
     if ns.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
