@@ -366,7 +366,9 @@ class Report:
         """
         from ._report_text import render
 
-        return render(self.records, self.warnings, verbose=verbose)
+        return render(
+            self.records, self.warnings, verbose=verbose, statuses=[s.value for s in Status]
+        )
 
     def __str__(self) -> str:
         return self.table()

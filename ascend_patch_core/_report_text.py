@@ -26,14 +26,14 @@ __all__ = ["render"]
 _OPT_IN = "opt-in:"
 
 
-def render(records: Sequence[Record], warnings: Sequence[str], *, verbose: bool) -> str:
-    from ._report import FAILED
-    from ._report import Status
-
-    rows = [r for r in records if verbose or not _summarised(r, FAILED)]
+def render(
+    records: Sequence[Record], warnings: Sequence[str], *, verbose: bool, statuses: Sequence[str]
+) -> str:
+    """The table; ``statuses``: every status value, in the order to count them in."""
+    rows = [r for r in records if verbose or not _summarised(r)]
     lines: list[str] = []
     totals = Counter(r.status.value for r in records)
-    counts = ", ".join(f"{totals[s.value]} {s.value}" for s in Status if totals[s.value])
+    counts = ", ".join(f"{totals[s]} {s}" for s in statuses if totals[s])
     hidden = len(records) - len(rows)
     if hidden:
         counts += (
@@ -46,14 +46,14 @@ def render(records: Sequence[Record], warnings: Sequence[str], *, verbose: bool)
         rows.sort(key=lambda r: r.provenance.plugin is not None)
     lines.extend(_rows(rows, verbose=verbose))
     if hidden:
-        lines.extend(_plugin_summary([r for r in records if _summarised(r, FAILED)]))
+        lines.extend(_plugin_summary([r for r in records if _summarised(r)], statuses))
     lines.extend(f"  warning: {w}" for w in warnings)
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _summarised(record: Record, failed: object) -> bool:
+def _summarised(record: Record) -> bool:
     """A record the short table counts in its plugin's line instead of listing it."""
-    if record.status is failed:
+    if record.status.value == "failed":
         return False
     return record.kind == "plugin" or record.provenance.plugin is not None
 
@@ -82,10 +82,8 @@ def _rows(rows: Sequence[Record], *, verbose: bool) -> list[str]:
     return lines
 
 
-def _plugin_summary(records: Sequence[Record]) -> list[str]:
+def _plugin_summary(records: Sequence[Record], statuses: Sequence[str]) -> list[str]:
     """One line per plugin: whether it loaded, and its other records by status."""
-    from ._report import Status
-
     by_plugin: dict[str, list[Record]] = {}
     for r in records:
         name = r.name if r.kind == "plugin" else r.provenance.plugin
@@ -96,15 +94,15 @@ def _plugin_summary(records: Sequence[Record]) -> list[str]:
         parts = []
         for r in own:
             if r.kind == "plugin":
-                loaded = r.status is Status.APPLIED
+                loaded = r.status.value == "applied"
                 parts.append("loaded" if loaded else f"{r.status.value} ({r.reason})")
-        counts = Counter(r.status for r in own if r.kind != "plugin")
-        for status in Status:
+        counts = Counter(r.status.value for r in own if r.kind != "plugin")
+        for status in statuses:
             if counts[status]:
-                text = f"{counts[status]} {status.value}"
+                text = f"{counts[status]} {status}"
                 opt_in = sum(
                     r.kind != "plugin"
-                    and r.status is status
+                    and r.status.value == status
                     and (r.reason or "").startswith(_OPT_IN)
                     for r in own
                 )
