@@ -16,6 +16,7 @@ from ._bootstrap import PTH_NAME
 from ._declarations import DeclaredPatch
 from ._declarations import Inventory
 from ._declarations import PluginInfo
+from ._install_advice import emulator_install
 from ._npu_stack import Finding
 
 
@@ -181,8 +182,8 @@ def stack_findings(facts: dict[str, Any], core: dict[str, Any]) -> list[Finding]
         hint = (
             "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
             if core["emulator_entry_point"]
-            else "; to run NPU code paths on the CPU, pip install 'ascend-patch-core[emulator]'"
-            " and use ascend-patch run --emulate-npu"
+            else "; to run NPU code paths on the CPU, use ascend-patch run --emulate-npu "
+            f"after installing the emulator: {emulator_install()}"
         )
         out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
     if devices["error"]:
