@@ -298,9 +298,12 @@ def _activate_emulator(version: str | None) -> None:
     # never imports it (docs/core.md, "Dev kits").
     info = metadata.entry_point(EMULATOR_GROUP, "torch_npu")
     if info is None:
+        from ._install_advice import emulator_install
+
+        # The command that works here: from the clone the core came from, if it did.
         raise StartError(
-            "--emulate-npu needs the NPU emulator, which is not installed: "
-            "pip install 'ascend-patch-core[emulator]' (the distribution ascend-patch-emulator)"
+            "--emulate-npu needs the NPU emulator (the distribution ascend-patch-emulator), "
+            f"which is not installed: {emulator_install()}"
         )
     try:
         activate = info.load()

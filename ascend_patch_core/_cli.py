@@ -1,4 +1,4 @@
-"""The ``ascend-patch`` command: report, doctor, run, scan (docs/cli.md).
+"""The ``ascend-patch`` command: report, doctor, suggest, run, scan (docs/cli.md).
 
 Importing this module imports argparse and nothing of the core: each command loads
 what it needs, so ``ascend-patch doctor`` and ``scan`` never pay for ``run``'s
@@ -77,12 +77,26 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog="ascend-patch",
         description="Run CUDA-era PyTorch code on Ascend NPUs without editing it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n"
+            "  ascend-patch doctor                      is this installation ready? what applies here?\n"
+            "  ascend-patch suggest                     which plugins serve the libraries installed here\n"
+            "  ascend-patch scan ./src                  CUDA-only code in a project, and what covers it\n"
+            "  ascend-patch run train.py --lr 0.1       run a program with the patches applied\n"
+            "  ascend-patch run --emulate-npu train.py  run its NPU code paths on the CPU\n"
+            "  ascend-patch report -v                   apply every plugin here and list every record\n"
+            "\n"
+            "'ascend-patch COMMAND --help' describes a command; docs/cli.md all of them.\n"
+            "'python -m ascend_patch_core' is the same command."
+        ),
     )
     parser.add_argument(
+        "-V",
         "--version",
         action="count",
         default=0,
-        help="show the version; twice (--version --version) also the installed plugins",
+        help="show the version; twice (-VV) also the installed plugins, one line each",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -172,6 +186,20 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     run.add_argument(
         "-v", "--verbose", action="store_true", help="print the patch report to stderr at exit"
+    )
+
+    suggest = commands.add_parser(
+        "suggest",
+        help="name the plugins that would serve the libraries installed here, with the pip command",
+        description=(
+            "Name the ascend-patch plugins that serve the libraries installed in this "
+            "environment (transformers installed, ascend-patch-transformers not: it says so) "
+            "and the pip command that installs the missing ones -- from your clone when the "
+            "core was installed from one. Reads metadata only; imports nothing."
+        ),
+    )
+    suggest.add_argument(
+        "--json", action="store_true", help="print JSON (schema ascend-patch-suggest/1)"
     )
 
     scan = commands.add_parser(
@@ -276,6 +304,8 @@ def _command(parser: argparse.ArgumentParser, args: list[str]) -> int:
         return _report(ns)
     if ns.command == "doctor":
         return _doctor(ns)
+    if ns.command == "suggest":
+        return _suggest(ns)
     return _scan(parser, ns)
 
 
@@ -320,12 +350,23 @@ def _doctor(ns: argparse.Namespace) -> int:
     return _doctor.exit_status(result)
 
 
+def _suggest(ns: argparse.Namespace) -> int:
+    import json
+
+    from . import _suggest
+
+    result = _suggest.suggest()
+    print(json.dumps(result, indent=2) if ns.json else _suggest.render(result))
+    return 0
+
+
 def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
     import json
     import os
 
     from . import _scan
     from ._declarations import collect
+    from ._progress import Progress
 
     try:
         os.stat(ns.path)
@@ -340,7 +381,18 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         # Code is read for what it would need wherever it runs: libraries absent here count.
         load_idle=True,
     )
-    result = _scan.scan(ns.path, inventory=inventory, exclude=ns.exclude)
+    # Files done / total on stderr, only where a person watches it: never in a pipe,
+    # a log or with --json (docs/cli.md, "Progress").
+    progress = Progress(None if ns.json else sys.stderr, "scanning")
+    try:
+        result = _scan.scan(
+            ns.path,
+            inventory=inventory,
+            exclude=ns.exclude,
+            progress=progress.update if progress.enabled else None,
+        )
+    finally:
+        progress.close()
     if ns.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:

@@ -32,6 +32,7 @@ from ._doctor_checks import stack_findings
 from ._doctor_checks import torch_findings
 from ._doctor_stack import gather
 from ._metadata import MetadataCache
+from ._npu_stack import Finding
 from ._output import Style
 from ._output import table
 
@@ -210,6 +211,7 @@ def diagnose(
         + torch_findings(inventory, facts)
         + stack.findings
         + cache_findings
+        + _suggested_plugins(meta)
     )
     order = {"error": 0, "warning": 1, "note": 2}
     findings.sort(key=lambda f: order.get(f.level, 3))
@@ -236,6 +238,13 @@ def diagnose(
         "findings": [f._asdict() for f in findings],
         "elapsed_s": round(time.perf_counter() - started, 3),
     }
+
+
+def _suggested_plugins(meta: MetadataCache) -> list[Finding]:
+    """Notes naming the plugins that would serve installed libraries (``ascend-patch suggest``)."""
+    from ._suggest import doctor_findings
+
+    return [Finding("note", code, message) for code, message in doctor_findings(meta)]
 
 
 def exit_status(result: dict[str, Any]) -> int:

@@ -356,49 +356,19 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
 
     def table(self, *, verbose: bool = False) -> str:
-        """A compact fixed-width table, one line per record, grouped by kind.
+        """A compact fixed-width table: the caller's own records, then one line per plugin.
 
-        The first line counts every record; records not listed (healthy plugins,
-        unless ``verbose``) are counted there and said to be hidden, so the summary
-        and the rows always add up.
+        The caller's records (provenance ``plugin`` None) are listed one per line,
+        then anything that failed; the plugins' other records are summarised, one
+        line per plugin with its counts by status. ``verbose`` lists every record,
+        with its aliases and call counters. The first line counts every record and
+        says how many are not listed, so the summary and the rows always add up.
         """
-        records = self.records
-        rows = [r for r in records if verbose or not _hidden_by_default(r)]
-        lines: list[str] = []
-        counts = ", ".join(f"{n} {s}" for s, n in _counts(records).items() if n)
-        hidden = len(records) - len(rows)
-        if hidden:
-            counts += (
-                f" ({hidden} plugin record{'s' if hidden != 1 else ''} not listed:"
-                " -v or table(verbose=True) lists them)"
-            )
-        lines.append(f"ascend-patch: {counts or 'nothing registered'}")
-        if rows:
-            width = min(max(len(r.target) for r in rows), 72)
-            for r in rows:
-                reason = f"  {r.reason}" if r.reason else ""
-                if r.note:
-                    reason = f"  ({r.note}){reason}"
-                origin = "" if r.provenance.plugin is None else f"  [{r.provenance.plugin}]"
-                lines.append(
-                    f"  {r.status.value:<8} {r.kind:<6} {r.target:<{width}}{origin}{reason}"
-                )
-                if verbose:
-                    lines.extend(
-                        f"           alias {path}: {state}" for path, state in r.aliases.items()
-                    )
-                    if r.counters is not None:
-                        c = r.counters
-                        lines.append(
-                            f"           calls: {c.replacement_calls} replacement,"
-                            f" {c.fallback_calls} fallback"
-                        )
-                if r.stale_holders:
-                    lines.append(
-                        f"           still holding the original: {', '.join(r.stale_holders)}"
-                    )
-        lines.extend(f"  warning: {w}" for w in self.warnings)
-        return "\n".join(line.rstrip() for line in lines)
+        from ._report_text import render
+
+        return render(
+            self.records, self.warnings, verbose=verbose, statuses=[s.value for s in Status]
+        )
 
     def __str__(self) -> str:
         return self.table()
@@ -413,8 +383,3 @@ def _counts(records: list[Record]) -> dict[str, int]:
     for record in records:
         result[record.status.value] += 1
     return result
-
-
-def _hidden_by_default(record: Record) -> bool:
-    """Rows the short table leaves out: plugins that loaded or were left out on purpose."""
-    return record.kind == "plugin" and record.status is not Status.FAILED

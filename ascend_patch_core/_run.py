@@ -279,7 +279,9 @@ def _say_redirects_inactive(report: Any, target: RunTarget) -> None:
     program = " ".join(["-m", target.name] if target.kind == "module" else [target.name])
     how = f"ascend-patch run --emulate-npu {program} ..."
     if metadata.entry_point(EMULATOR_GROUP, "torch_npu") is None:
-        how = f"pip install 'ascend-patch-core[emulator]', then {how}"
+        from ._install_advice import emulator_install
+
+        how = f"{emulator_install()}, then {how}"
     print(
         f"ascend-patch run: note: torch_npu is not installed, so the CUDA->NPU redirects are "
         f"inactive ({len(held)} patch group{'s' if len(held) != 1 else ''} need it) and the "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,12 +55,17 @@ def scan(
     *,
     inventory: Inventory | None = None,
     exclude: Iterable[str] = (),
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Scan every ``.py`` file under ``root``; the ``ascend-patch-scan/1`` JSON object.
 
     ``files_scanned`` counts the files read and parsed; every other ``.py`` entry --
     a file that does not parse or cannot be read, a FIFO, a device -- is listed under
     ``parse_errors`` with the reason, and counted by ``files_not_scanned``.
+
+    ``progress(done, total, where)`` is called before each file (``where``: its
+    directory, relative to ``root``) and once at the end; the files are listed first
+    so that the total is known (the walk costs little next to parsing them).
     """
     index = CoverageIndex(inventory)
     exclude = list(exclude)
@@ -67,8 +73,11 @@ def scan(
     errors: list[dict[str, Any]] = []
     files = 0
     files_with = 0
-    for path in python_files(root, exclude):
+    paths = list(python_files(root, exclude))
+    for done, path in enumerate(paths):
         rel = relative(path, root)
+        if progress is not None:
+            progress(done, len(paths), os.path.dirname(rel))
         try:
             found = scan_source(read_source(path), rel)
         except SyntaxError as exc:
@@ -106,6 +115,8 @@ def scan(
                     "possibly_covered_by": possibly,
                 }
             )
+    if progress is not None:
+        progress(len(paths), len(paths), "")
     findings.sort(key=lambda f: (f["path"], f["line"], f["column"], f["rule"]))
     by_rule = {
         rule: {

@@ -149,7 +149,7 @@ def test_cli_report_summary_counts_the_rows_it_lists_and_those_it_hides(
 
 
 def test_table_counts_hidden_plugin_records(make_package) -> None:
-    """The short table hides loaded plugins but counts them, and says how to list them."""
+    """The short table summarises a plugin's records in one line but counts them, and says how to list them."""
     pkg = make_package({"core.py": "def f():\n    return 'orig'\n"})
 
     class Plugin:
@@ -163,8 +163,9 @@ def test_table_counts_hidden_plugin_records(make_package) -> None:
         table = report.table()
         assert table.splitlines()[0] == (
             "ascend-patch: 1 applied, 1 pending"
-            " (1 plugin record not listed: -v or table(verbose=True) lists them)"
+            " (2 plugin records not listed: -v or table(verbose=True) lists them)"
         )
+        assert table.splitlines()[1:] == ["  plugins:", "    probe  loaded, 1 pending"]
         assert_adds_up(table)
         assert_adds_up(report.table(verbose=True))
         assert "not listed" not in report.table(verbose=True)

@@ -458,8 +458,10 @@ def stack_findings(environment: Mapping[str, Any]) -> list[Finding]:
         hint = (
             "; NPU code paths can run on the CPU under the emulator: ascend-patch run --emulate-npu"
             if emulator
-            else "; to run NPU code paths on the CPU, pip install 'ascend-patch-core[emulator]'"
-            " and use ascend-patch run --emulate-npu"
+            # The pip command depends on where the core came from (a clone, an index):
+            # run --emulate-npu names the one that works here.
+            else "; to run NPU code paths on the CPU, install the emulator: "
+            "ascend-patch run --emulate-npu names the pip command for this environment"
         )
         out.append(Finding("note", "no-torch-npu", f"torch_npu is not installed{hint}"))
     if devices["error"]:
