@@ -30,9 +30,9 @@ from ._doctor_checks import cache_check
 from ._doctor_checks import plugin_findings
 from ._doctor_checks import stack_findings
 from ._doctor_checks import torch_findings
+from ._doctor_stack import Finding
 from ._doctor_stack import gather
 from ._metadata import MetadataCache
-from ._npu_stack import Finding
 from ._output import Style
 from ._output import table
 
