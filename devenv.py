@@ -181,7 +181,9 @@ def ensure_base(python: str, log: Callable[[str], None]) -> Path:
         pin = f"torch=={torch_pin()}"
         # A wheelhouse the machine's pip is configured with (find-links) wins; else the
         # CPU index, so that pip never picks PyPI's CUDA build.
-        local = subprocess.run([*pip, "install", "--no-index", "--no-deps", pin], capture_output=True)
+        local = subprocess.run(
+            [*pip, "install", "--no-index", "--no-deps", pin], capture_output=True
+        )
         if local.returncode != 0:
             extra = ["--extra-index-url", index] if index else []
             log(f"installing {pin} into the base" + (f" from {index}" if index else ""))

@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import devenv
 import nox
+
+import devenv
 
 
 ROOT = Path(__file__).resolve().parent
@@ -250,7 +251,9 @@ def wheels(session: nox.Session) -> None:
     for wheel in devenv.COMPILED:
         if wheel.stack_python and STACK_PYTHON:
             # The session runs on another Python than this one: build it there.
-            session.log(f"{wheel.requirement}: built by `nox -s {wheel.session}` (Python {STACK_PYTHON})")
+            session.log(
+                f"{wheel.requirement}: built by `nox -s {wheel.session}` (Python {STACK_PYTHON})"
+            )
             continue
         session.log(f"{wheel.requirement}: {compiled_wheels(session, wheel)}")
 
