@@ -89,14 +89,19 @@ nox.options.error_on_missing_interpreters = True
 TEST_ENV = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
 
 
+def session_python(session: nox.Session) -> str:
+    """The session's interpreter, to run directly: the install steps that need it run
+    under ``--install-only`` too, where session.run does nothing."""
+    return str(Path(session.bin) / ("python.exe" if os.name == "nt" else "python"))
+
+
 def layer_on_base(session: nox.Session) -> None:
     """Layer the session on the shared base environment: torch and requirements/tests.txt.
 
     The base is built once per Python (devenv.py, docs/dev.md); the session's own
     installs go into its own environment and come first on sys.path.
     """
-    # Not session.run: this is part of the install, which --install-only still runs.
-    python = str(Path(session.bin) / ("python.exe" if os.name == "nt" else "python"))
+    python = session_python(session)
     devenv.layer(python, devenv.ensure_base(python, session.log))
 
 
@@ -224,7 +229,8 @@ def compiled_wheels(session: nox.Session, wheel: devenv.CompiledWheel) -> Path:
     wheel missing builds it here.
     """
     probe = "import sys, torch; print(torch.__version__, 'cp%d%d' % sys.version_info[:2])"
-    torch_version, python_tag = str(session.run("python", "-c", probe, silent=True)).split()
+    done = subprocess.run([session_python(session), "-c", probe], capture_output=True, text=True)
+    torch_version, python_tag = done.stdout.split()
     folder = devenv.wheel_cache() / f"torch-{torch_version}"
     if not any(folder.glob(f"{wheel.prefix}-{python_tag}-*.whl")):
         session.log(
@@ -232,7 +238,7 @@ def compiled_wheels(session: nox.Session, wheel: devenv.CompiledWheel) -> Path:
             f" (about {wheel.minutes} minutes on 2 cores, once)"
         )
         session.install("ninja")  # parallel C++ compilation for torch's extension builder
-        session.run(
+        session.run_install(  # part of the install: --install-only builds it too
             *("pip", "wheel", "--no-build-isolation", "--no-deps"),
             *("-w", str(folder), wheel.requirement),
             env=wheel.env,
