@@ -39,7 +39,7 @@ BASE_REQUIREMENTS = ROOT / "requirements" / "tests.txt"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 #: The file that layers a session on the base environment (in the session's site-packages).
-LAYER_FILE = "_ascend_patch_base.pth"
+LAYER_FILE = "devenv_base.pth"
 
 
 def torch_index() -> str:
