@@ -218,8 +218,8 @@ def run_in_parallel(
     return 1 if failed else 0
 
 
-def test_plan(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``dev.py test [ARGS]``: the sessions to run and what to say before running them."""
+def plan_test_run() -> tuple[list[str], list[str]]:
+    """``dev.py test``: the sessions to run and what to say before running them."""
     sessions, notes = select_sessions(ci_sessions(), devenv.missing_wheels())
     if not any((ROOT / ".nox").glob("_base-*")):
         notes.insert(0, FIRST_RUN.format(disk=FIRST_RUN_DISK_GB, minutes=FIRST_RUN_MINUTES))
@@ -234,7 +234,7 @@ def main(argv: list[str]) -> int:
     ensure_venv()
     ensure_nox()
     if argv[:1] == ["test"]:
-        sessions, notes = test_plan(argv)
+        sessions, notes = plan_test_run()
         for note in notes:
             step(note)
         if argv == ["test"]:
