@@ -39,7 +39,9 @@ BASE_REQUIREMENTS = ROOT / "requirements" / "tests.txt"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 #: The file that layers a session on the base environment (in the session's site-packages).
-LAYER_FILE = "devenv_base.pth"
+#: site runs .pth files in name order: "00" first, so that the base is on sys.path before
+#: the others run (the start hook of `ascend-patch run` imports pluggy, which is in the base).
+LAYER_FILE = "00_devenv_base.pth"
 
 
 def torch_index() -> str:
