@@ -105,6 +105,10 @@ def test_layer_puts_the_base_behind_the_session_packages(tmp_path):
     python = str(session / "bin" / "python")
     pth = devenv.layer(python, base)
     (pth.parent / "shadowed.py").write_text("WHERE = 'session'\n")
+    # A session .pth that imports from the base (as the start hook of `ascend-patch run`
+    # imports pluggy) runs after the layering one.
+    (pth.parent / "_ascend_patch_hook.pth").write_text("import from_base\n")
     code = "import from_base, from_pth, shadowed; print(from_base.WHERE, from_pth.WHERE, shadowed.WHERE)"
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["base", "pth", "session"]
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["base", "pth", "session"]
+    assert done.stderr == ""
