@@ -200,8 +200,45 @@ def layer(session_python: str, base_site: Path) -> Path:
     """Put ``base_site`` behind the session's own site-packages; returns the .pth written.
 
     ``site.addsitedir`` (not a bare path line) also runs the base's own .pth files, as
-    the interpreter does for a ``--system-site-packages`` venv.
+    the interpreter does for a ``--system-site-packages`` venv. The base's commands
+    (pytest, torchrun, ...) get scripts in the session's bin (scripts).
     """
     pth = _purelib(session_python) / LAYER_FILE
     pth.write_text(f"import site; site.addsitedir({str(base_site)!r})\n", encoding="utf-8")
+    console_scripts(base_site, Path(session_python).parent, session_python)
     return pth
+
+
+_SCRIPT = """#!{python}
+import sys
+from {module} import {name}
+if __name__ == "__main__":
+    sys.exit({call}())
+"""
+
+
+def console_scripts(site: Path, bin_dir: Path, python: str) -> list[Path]:
+    """Write into ``bin_dir`` the console scripts of the distributions in ``site``, run by
+    ``python``; returns those written.
+
+    The base's own scripts start the base's interpreter, which lacks the session's
+    packages: each session needs its own, as pip writes them (those pip already wrote
+    there, for packages of the session's own, stay). POSIX only: Windows needs .exe
+    launchers, and the sessions run one at a time there (nothing is written).
+    """
+    import importlib.metadata
+
+    if os.name == "nt":
+        return []
+    written = []
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        for entry in dist.entry_points.select(group="console_scripts"):
+            script = bin_dir / entry.name
+            if script.exists() or not entry.attr:
+                continue
+            name = entry.attr.split(".")[0]
+            text = _SCRIPT.format(python=python, module=entry.module, name=name, call=entry.attr)
+            script.write_text(text, encoding="utf-8")
+            script.chmod(0o755)
+            written.append(script)
+    return written

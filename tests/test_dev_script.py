@@ -91,12 +91,16 @@ def test_first_run_note_says_what_it_costs():
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX venv layout")
 def test_layer_puts_the_base_behind_the_session_packages(tmp_path):
-    """A session sees the base's packages (and runs the base's .pth files); its own win."""
+    """A session sees the base's packages and commands (and runs the base's .pth files); its own win."""
     base = tmp_path / "base-site"
     extra = tmp_path / "extra"
     base.mkdir()
     extra.mkdir()
-    (base / "from_base.py").write_text("WHERE = 'base'\n")
+    (base / "from_base.py").write_text("WHERE = 'base'\ndef main():\n    print(WHERE)\n")
+    info = base / "base_tool-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: base-tool\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nbase-tool = from_base:main\n")
     (base / "shadowed.py").write_text("WHERE = 'base'\n")
     (base / "more.pth").write_text(f"{extra}\n")
     (extra / "from_pth.py").write_text("WHERE = 'pth'\n")
@@ -112,3 +116,7 @@ def test_layer_puts_the_base_behind_the_session_packages(tmp_path):
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["base", "pth", "session"]
     assert done.stderr == ""
+    # The base's commands run on the session's interpreter (torchrun, pytest, ...).
+    tool = subprocess.run([str(session / "bin" / "base-tool")], capture_output=True, text=True)
+    assert (tool.returncode, tool.stdout) == (0, "base\n"), tool.stderr
+    assert (session / "bin" / "base-tool").read_text().startswith(f"#!{python}\n")
