@@ -25,6 +25,7 @@ import concurrent.futures
 import os
 import subprocess
 import sys
+import threading
 import time
 import venv
 from collections.abc import Callable
@@ -57,8 +58,15 @@ FIRST_RUN_MINUTES = 25
 HEARTBEAT_S = 120.0
 
 
+_PRINTING = threading.Lock()
+
+
 def step(message: str) -> None:
-    print(f"dev.py: {message}", flush=True)
+    # One write per line under a lock: sessions start and end on two threads at once,
+    # and print() writes the text and its newline separately.
+    with _PRINTING:
+        sys.stdout.write(f"dev.py: {message}\n")
+        sys.stdout.flush()
 
 
 def venv_python() -> Path:
