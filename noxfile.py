@@ -6,6 +6,7 @@ Sessions tagged ``ci`` are what ``python3 dev.py test`` and ``.ci/run`` execute.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
 import subprocess
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 import nox
+
+import devenv
 
 
 ROOT = Path(__file__).resolve().parent
@@ -69,7 +72,13 @@ DISTRIBUTIONS = [
     "plugins/transformers_npu",
 ]
 
+# The standard venv backend, with pip: pip reads the machine's pip configuration (a
+# company index, a wheelhouse in find-links, constraints), which uv does not; the base
+# environment (devenv.py) saves what uv's shared cache would. nox still probes every
+# optional backend when it creates an environment and logs "uv binary not found.":
+# noise here, since uv is not wanted, so that one message is filtered out.
 nox.options.default_venv_backend = "venv"
+logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
 # Reusing environments between local runs saves the ~20 s torch install each time;
 # CI starts from a fresh clone, so it always builds them anew.
 nox.options.reuse_venv = "yes"
@@ -80,14 +89,33 @@ nox.options.error_on_missing_interpreters = True
 TEST_ENV = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
 
 
+def session_python(session: nox.Session) -> str:
+    """The session's interpreter, to run directly: the install steps that need it run
+    under ``--install-only`` too, where session.run does nothing."""
+    return str(Path(session.bin) / ("python.exe" if os.name == "nt" else "python"))
+
+
+def layer_on_base(session: nox.Session) -> None:
+    """Layer the session on the shared base environment: torch and requirements/tests.txt.
+
+    The base is built once per Python (devenv.py, docs/dev.md); the session's own
+    installs go into its own environment and come first on sys.path.
+    """
+    python = session_python(session)
+    devenv.layer(python, devenv.ensure_base(python, session.log))
+
+
 def install_project(session: nox.Session) -> None:
     """Install the test requirements, then the core, the kits and every plugin in editable mode.
 
+    The test requirements come from the shared base environment (layer_on_base), so the
+    install of requirements/tests.txt finds them satisfied and takes seconds.
     The editable installs use ``--no-build-isolation``: with isolation pip builds a
     fresh build environment for each of the six projects (and downloads hatchling
     whenever its cache is cold). The build backend (hatchling, editables) comes from
     requirements/tests.txt, installed first.
     """
+    layer_on_base(session)
     session.install("-r", "requirements/tests.txt")
     editables = ["-e", "."]
     for directory in DISTRIBUTIONS:
@@ -187,33 +215,53 @@ def training_msprobe(session: nox.Session) -> None:
     training_stack_tests(session, "msprobe", "training-msprobe.txt")
 
 
-TORCH_SCATTER = "torch-scatter==2.1.2"
+TORCH_SCATTER, MMCV_CPU_OPS = (wheel.requirement for wheel in devenv.COMPILED)
 
 
-def torch_scatter_wheels(session: nox.Session) -> Path:
-    """A folder holding a torch_scatter wheel built for this session's torch.
+def compiled_wheels(session: nox.Session, wheel: devenv.CompiledWheel) -> Path:
+    """A folder holding ``wheel`` built for this session's torch and Python.
 
-    torch_scatter ships only an sdist whose build takes ~5 min on 2 cores, so the
-    wheel is built once per torch version and Python and kept (ASCEND_PATCH_WHEEL_CACHE, default
-    ~/.cache/ascend-patch/wheels); CI keeps that folder between runs to skip the build.
+    PyPI has no CPU build of either compiled wheel (torch_scatter ships an sdist; mmcv's
+    ops come only in its sdist), and building one takes 5 to 30 minutes on 2 cores, so
+    each is built once per torch version and Python into the project's wheel cache
+    (ASCEND_PATCH_WHEEL_CACHE, default ~/.cache/ascend-patch/wheels) and kept.
+    ``python3 dev.py wheels`` builds them as a step of its own; a session that finds its
+    wheel missing builds it here.
     """
-    import os
-
     probe = "import sys, torch; print(torch.__version__, 'cp%d%d' % sys.version_info[:2])"
-    torch_version, python_tag = str(session.run("python", "-c", probe, silent=True)).split()
-    root = Path(
-        os.environ.get(
-            "ASCEND_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "ascend-patch" / "wheels"
+    done = subprocess.run([session_python(session), "-c", probe], capture_output=True, text=True)
+    torch_version, python_tag = done.stdout.split()
+    folder = devenv.wheel_cache() / f"torch-{torch_version}"
+    if not any(folder.glob(f"{wheel.prefix}-{python_tag}-*.whl")):
+        session.log(
+            f"building {wheel.requirement} from source into {folder}"
+            f" (about {wheel.minutes} minutes on 2 cores, once)"
         )
-    )
-    folder = root / f"torch-{torch_version}"
-    # The wheel is compiled for one Python: sessions run on whatever python3 runs dev.py.
-    if not any(folder.glob(f"torch_scatter-2.1.2-{python_tag}-*.whl")):
-        session.log(f"building {TORCH_SCATTER} from source into {folder} (about 5 minutes, once)")
-        session.run(
-            "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(folder), TORCH_SCATTER
+        session.install("ninja")  # parallel C++ compilation for torch's extension builder
+        session.run_install(  # part of the install: --install-only builds it too
+            *("pip", "wheel", "--no-build-isolation", "--no-deps"),
+            *("-w", str(folder), wheel.requirement),
+            env=wheel.env,
         )
     return folder
+
+
+@nox.session(python=PYTHON)
+def wheels(session: nox.Session) -> None:
+    """Build the compiled wheels (torch_scatter, mmcv 2.1.0 with ops) into the wheel cache.
+
+    Once per torch version: ``dev.py test`` runs the two sessions that need them
+    (torch_plugin, openmmlab_cpu_ops) only where they are cached. CI runs this first.
+    """
+    layer_on_base(session)
+    for wheel in devenv.COMPILED:
+        if wheel.stack_python and STACK_PYTHON:
+            # The session runs on another Python than this one: build it there.
+            session.log(
+                f"{wheel.requirement}: built by `nox -s {wheel.session}` (Python {STACK_PYTHON})"
+            )
+            continue
+        session.log(f"{wheel.requirement}: {compiled_wheels(session, wheel)}")
 
 
 @nox.session(python=PYTHON, tags=["ci"])
@@ -223,7 +271,7 @@ def torch_plugin(session: nox.Session) -> None:
     The examples (marked slow) already run in the tests session, so they are left out here.
     """
     install_project(session)
-    wheels = torch_scatter_wheels(session)
+    wheels = compiled_wheels(session, devenv.COMPILED[0])
     session.install("--no-index", "--find-links", str(wheels), TORCH_SCATTER)
     session.run(
         "pytest",
@@ -367,45 +415,6 @@ def openmmlab_emulated(session: nox.Session) -> None:
     )
 
 
-MMCV_CPU_OPS = "mmcv==2.1.0"
-
-
-def mmcv_cpu_ops_wheels(session: nox.Session) -> Path:
-    """A folder holding mmcv 2.1.0 built with its compiled CPU ops, for this session's torch.
-
-    The mmcv plugin's replacements are compared with mmcv's own compiled kernels; PyPI
-    has no CPU build of them, and building the sdist takes ~8-10 min on 2 cores, so the
-    wheel is built once per torch version and Python and kept beside the torch_scatter
-    one (ASCEND_PATCH_WHEEL_CACHE).
-    """
-    import os
-
-    probe = "import sys, torch; print(torch.__version__, 'cp%d%d' % sys.version_info[:2])"
-    torch_version, python_tag = str(session.run("python", "-c", probe, silent=True)).split()
-    root = Path(
-        os.environ.get(
-            "ASCEND_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "ascend-patch" / "wheels"
-        )
-    )
-    folder = root / f"torch-{torch_version}"
-    if not any(folder.glob(f"mmcv-2.1.0-{python_tag}-*.whl")):
-        session.log(f"building {MMCV_CPU_OPS} with CPU ops into {folder} (about 10 minutes, once)")
-        # The sdist's setup.py imports torch and pkg_resources: no build isolation, and
-        # setuptools<81 (from the requirements file) in the session.
-        session.install("ninja")
-        session.run(
-            "pip",
-            "wheel",
-            "--no-build-isolation",
-            "--no-deps",
-            "-w",
-            str(folder),
-            MMCV_CPU_OPS,
-            env={"MMCV_WITH_OPS": "1", "FORCE_CUDA": "0", "MAX_JOBS": "2"},
-        )
-    return folder
-
-
 @nox.session(python=STACK_PYTHON, tags=["ci"])
 def openmmlab_cpu_ops(session: nox.Session) -> None:
     """The mmcv plugin's op replacements against mmcv 2.1.0's compiled CPU kernels.
@@ -416,7 +425,7 @@ def openmmlab_cpu_ops(session: nox.Session) -> None:
     """
     install_project(session)
     session.install("-r", "requirements/openmmlab-cpu-ops.txt")
-    wheels = mmcv_cpu_ops_wheels(session)
+    wheels = compiled_wheels(session, devenv.COMPILED[1])
     session.install("--no-index", "--find-links", str(wheels), "--no-deps", MMCV_CPU_OPS)
     # mmdet3d 1.4.0's declared dependencies pull open3d and old pins; what it imports is
     # in the requirements file, the package itself comes without its dependencies.

@@ -379,8 +379,14 @@ def no_torch_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 shutil.copytree(entry, target / name)
             else:
                 shutil.copy(entry, target / name)
-        elif name.split("-")[0] in ("pluggy", "packaging"):
-            os.symlink(entry, target / name)
+    # pluggy and packaging wherever this environment imports them from: its own
+    # site-packages, or the shared base it is layered on (devenv.py, docs/dev.md).
+    for package in ("pluggy", "packaging"):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin is not None
+        for entry in Path(spec.origin).parents[1].iterdir():
+            if entry.name.split("-")[0] == package and not (target / entry.name).exists():
+                os.symlink(entry, target / entry.name)
     check = subprocess.run([str(python), "-c", "import torch"], capture_output=True, timeout=60)
     assert check.returncode != 0, "torch is importable in the torch-free environment"
     yield python

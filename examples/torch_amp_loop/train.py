@@ -10,6 +10,7 @@ Prints one JSON line per epoch ({"epoch", "loss"}) and writes them to --out.
 import argparse
 import json
 import os
+import tempfile
 
 import torch
 from torch import nn
@@ -44,7 +45,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--checkpoint", default=os.path.join("checkpoints", "cuda_model.pt"))
+    parser.add_argument(
+        "--checkpoint", default=None, help="where to save it (default: a temporary file)"
+    )
     args = parser.parse_args()
 
     use_cuda = args.device.startswith("cuda")
@@ -91,10 +94,13 @@ def main() -> None:
         history.append(record)
         print(json.dumps(record))
 
-    # A checkpoint round trip: saved from the device, loaded back onto it.
-    os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
-    torch.save({"model": model.state_dict(), "epoch": args.epochs}, args.checkpoint)
-    state = torch.load(args.checkpoint, map_location="cuda" if use_cuda else "cpu")
+    # A checkpoint round trip: saved from the device, loaded back onto it. Unless told
+    # where, in a temporary directory: a run leaves nothing in the working directory.
+    with tempfile.TemporaryDirectory(prefix="ascend-patch-example-") as tmp:
+        checkpoint = args.checkpoint or os.path.join(tmp, "cuda_model.pt")
+        os.makedirs(os.path.dirname(checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model.state_dict(), "epoch": args.epochs}, checkpoint)
+        state = torch.load(checkpoint, map_location="cuda" if use_cuda else "cpu")
     model.load_state_dict(state["model"])
     with torch.no_grad():
         check = nn.functional.mse_loss(

@@ -12,6 +12,8 @@ GPUs), and every rank loads it back with map_location before a last evaluation.
 import argparse
 import json
 import os
+import shutil
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -34,7 +36,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--checkpoint", default=os.path.join("checkpoints", "ddp_cuda.pt"))
+    parser.add_argument(
+        "--checkpoint", default=None, help="where to save it (default: a temporary file)"
+    )
     args = parser.parse_args()
 
     use_cuda = args.device.startswith("cuda")
@@ -77,14 +81,20 @@ def main() -> None:
         if rank == 0:
             print(json.dumps(record), flush=True)
 
+    # Unless told where, a temporary file that rank 0 removes at the end (a run leaves
+    # nothing in the working directory); every rank is a child of the same torchrun
+    # agent, so its pid and port name one file for the whole job.
+    job = f"{os.getppid()}-{os.environ.get('MASTER_PORT', 0)}"
+    default = os.path.join(tempfile.gettempdir(), f"ascend-patch-ddp-{job}", "ddp_cuda.pt")
+    checkpoint = args.checkpoint or default
     if rank == 0:
-        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(checkpoint) or ".", exist_ok=True)
         torch.save(
-            {"model": ddp.module.state_dict(), "optimizer": optimizer.state_dict()}, args.checkpoint
+            {"model": ddp.module.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint
         )
     dist.barrier()
     location = {"cuda:0": f"cuda:{device.index}"} if use_cuda else "cpu"
-    state = torch.load(args.checkpoint, map_location=location)
+    state = torch.load(checkpoint, map_location=location)
     model.load_state_dict(state["model"])
     x, y = dataset.tensors
     with torch.no_grad():
@@ -95,6 +105,8 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(history, f)
     dist.barrier()
+    if rank == 0 and not args.checkpoint:
+        shutil.rmtree(os.path.dirname(checkpoint), ignore_errors=True)
     dist.destroy_process_group()
 
 

@@ -135,3 +135,12 @@ def test_ddp_with_nccl_under_torchrun(tmp_path):
 def test_dataloader_with_spawned_workers(tmp_path):
     counts = _example("torch_dataloader_spawn", tmp_path)
     assert counts["torch.Tensor.cuda"] > 0
+
+
+@pytest.mark.parametrize(("name", "torchrun"), [("torch_amp_loop", False), ("torch_ddp", True)])
+def test_examples_leave_nothing_in_the_working_directory(name, torchrun, tmp_path):
+    """Run as a user runs them (no --checkpoint): no checkpoints/ left where they ran."""
+    launcher = TORCHRUN if torchrun else []
+    script = EXAMPLES / name / "train.py"
+    _run([sys.executable, *launcher, str(script), "--device", "cpu", "--epochs", "1"], tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
