@@ -334,10 +334,9 @@ class Patcher:
                 # Every switch at once, as the commands check them: one verdict, one message.
                 check_switches()
                 selection = self._config.selection()
-                self._installer.count_calls = self._config.counting()
+                self._installer.begin_apply(self._config.counting())
                 self._ledger.start_report()
                 self._strict = selection.strict
-                self._installer.applying_thread = me
                 self._apply_finished = threading.Event()
         if finished is not None:
             # Another thread is applying: wait for it (outside the lock, since its
@@ -348,7 +347,7 @@ class Patcher:
             self._apply(selection)
         finally:
             with self._ledger.lock:
-                self._installer.applying_thread = None
+                self._installer.end_apply()
                 self._apply_finished.set()
         return self.report
 
@@ -423,7 +422,7 @@ class Patcher:
     def _look_for_stale(self) -> None:
         """Find modules that took an original before apply() (deferred until the report is read)."""
         with self._ledger.lock:
-            entries, self._installer.stale_candidates = self._installer.stale_candidates, []
+            entries = self._installer.take_stale_candidates()
         if entries:
             from ._stale import report_stale
 
@@ -447,7 +446,7 @@ class Patcher:
         with self._ledger.lock:
             self._applied = False
             sessions, self._sessions = self._sessions, []
-            self._installer.stale_candidates = []
+            self._installer.take_stale_candidates()
         revert_all(self._ledger, self._installer, sessions)
         self._activations.undo(self._ledger.warn)
         records, warnings = self._ledger.end_report()
