@@ -7,7 +7,8 @@ like everything else: ``apply()`` returns the patch's record, which says ``pendi
 until the target module is imported, and ``revert()`` undoes it.
 
 The declarations (``_patch``) cannot import the Patcher (it imports them); this
-module registers itself with them when the package is imported.
+module registers itself with them (``_standalone.use_standalone``) when the package is
+imported.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from . import _patch
 from ._patch import AtomicPatch
 from ._patch import Patch
 from ._patcher import Patcher
 from ._report import Record
 from ._report import Status
+from ._standalone import use_standalone
 
 
 __all__ = [
@@ -106,4 +107,5 @@ def fold(records: list[Record], name: str) -> Record:
     return Record("group", name, name, Status.SKIPPED, "declares no patch", name)
 
 
-_patch.standalone = sys.modules[__name__]
+# Registered, never injected: the declarations call what is handed to them.
+use_standalone(sys.modules[__name__])
