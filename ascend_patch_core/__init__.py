@@ -36,6 +36,7 @@ from ._patch import LegacyPatch
 from ._patch import ModuleHook
 from ._patch import Patch
 from ._patcher import Patcher
+from ._paths import use_engine_check
 from ._report import InstalledPatch
 from ._report import Provenance
 from ._report import Record
@@ -132,6 +133,16 @@ __all__ = [
     "revert",
     "with_imports",
 ]
+
+
+def _engine_check() -> Any:
+    # AtomicPatch(...) of a path that may reach the engine (sys.modules...): loaded then.
+    from ._engine_targets import refuse_declared
+
+    return refuse_declared
+
+
+use_engine_check(_engine_check)
 
 #: The patcher holding the default patches of every installed plugin, plus what you add.
 default_patcher = Patcher(autoload=True)

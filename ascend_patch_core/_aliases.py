@@ -33,12 +33,12 @@ from ._target import settle_initializing
 
 
 if TYPE_CHECKING:
-    from ._installer import Installer
+    from ._entries import InstallState
 
 __all__ = ["advance_alias"]
 
 
-def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
+def advance_alias(installer: InstallState, entry: Entry, site: Site) -> None:
     """Install ``entry``'s replacement at alias ``site`` if it can be now; else watch its module."""
     path = site.path.text
     if site.slot is not None or entry.status is not APPLIED:
@@ -115,7 +115,7 @@ def advance_alias(installer: Installer, entry: Entry, site: Site) -> None:
 
 
 def _alias_imported(
-    installer: Installer, entry: Entry, site: Site, key: str, module: types.ModuleType
+    installer: InstallState, entry: Entry, site: Site, key: str, module: types.ModuleType
 ) -> None:
     with installer.ledger.lock:
         handle = entry.watching.pop(key, None) if entry.watching else None
@@ -124,7 +124,7 @@ def _alias_imported(
     advance_alias(installer, entry, site)
 
 
-def _stop_alias_watches(installer: Installer, entry: Entry, path: str) -> None:
+def _stop_alias_watches(installer: InstallState, entry: Entry, path: str) -> None:
     prefix = f"alias:{path}:"
     with installer.ledger.lock:
         watching = entry.watching or {}

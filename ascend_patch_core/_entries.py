@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import types
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import cast
 
@@ -52,6 +53,29 @@ __all__ = [
     "top_layers",
     "who",
 ]
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    # Only for annotations: creating a Protocol class costs ~75 us at import.
+
+    class InstallState(Protocol):
+        """What the installer's other files (``_aliases``, ``_undo``) use of the Installer.
+
+        Declared here, below all three, so that they take it without naming the
+        Installer, which imports them (docs/core.md: no circles, TYPE_CHECKING included).
+        """
+
+        ledger: Ledger
+        #: Sites filled, in order (an ordered set); revert() replays it backwards.
+        log: dict[Site, None]
+        #: Count the calls of replacements that have no runtime_check.
+        count_calls: bool
+
+        def finish(self, entry: Entry, status: Status, reason: str | None) -> None: ...
+
+        def take_log(self) -> dict[Site, None]: ...
+
 
 #: Final states of an entry that never (or no longer) holds an installation.
 NOT_APPLIED = frozenset((SKIPPED, FAILED, REVERTED))

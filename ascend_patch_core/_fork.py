@@ -37,14 +37,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from typing import Any
 
 from ._report import PENDING
 
 
-if TYPE_CHECKING:
-    from ._patcher import Patcher
+#: A Patcher: named Any here, since naming the class would make these modules, which the
+#: Patcher loads, depend on it (a circle).
+Patcher = Any
 
 
 __all__ = ["APPLY_WAIT_S", "LOCK_WAIT_S", "after_in_child", "after_in_parent", "before"]
@@ -189,19 +189,11 @@ def _make_new(lock: Any) -> None:
 
 
 def _renew_work_locks() -> None:
-    """The locks held around work that may import: no state of theirs is half written
-    (what they guard is set once, at the end), so a new lock is a consistent one."""
-    modules = sys.modules
-    per_patch = modules.get(f"{__package__}._per_patch")
-    if per_patch is not None:
-        _make_new(per_patch._own_lock)
-    with_imports = modules.get(f"{__package__}._with_imports")
-    if with_imports is not None:
-        for state in list(with_imports.every_lazy_imports):
-            _make_new(state._lock)
-    scan_parse = modules.get(f"{__package__}._scan_parse")
-    if scan_parse is not None:
-        _make_new(scan_parse._lock)
+    """The locks held around work that may import (see _work_locks)."""
+    from ._work_locks import every_work_lock
+
+    for lock in list(every_work_lock):
+        _make_new(lock)
 
 
 #: importlib's private module locks have the shape _reset() knows (tested on each).
@@ -287,7 +279,7 @@ def _hand_back(patcher: Patcher, me: int) -> bool:
                 entry.claimed = False
         if not _applying_elsewhere(patcher, me):
             return False
-        installer.applying_thread = None
+        installer.end_apply()
         if not patcher._applied:
             ledger.end_report()  # its plugins' records go with the next apply()
             return False

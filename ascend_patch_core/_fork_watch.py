@@ -11,11 +11,12 @@ import itertools
 import os
 import sys
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any
 
 
-if TYPE_CHECKING:
-    from ._patcher import Patcher
+#: A Patcher: named Any here, since naming the class would make these modules, which the
+#: Patcher loads, depend on it (a circle).
+Patcher = Any
 
 
 __all__ = ["live", "watch_forks"]

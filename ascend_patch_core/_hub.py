@@ -25,7 +25,6 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Protocol
 
 from ._delivering import delivering
 from ._delivering import forget_delivered
@@ -48,27 +47,9 @@ Callback2 = Callable[[str, types.ModuleType], None]
 
 
 if TYPE_CHECKING:
-    # Only for annotations: creating a Protocol class costs ~75 us at import.
-
-    class ServedModule(Protocol):
-        """What an import rule gives the hub: a way to build the module it serves."""
-
-        def build(
-            self, fullname: str, spec: importlib.machinery.ModuleSpec
-        ) -> types.ModuleType: ...
-
-        def is_package(self, fullname: str) -> bool: ...
-
-        def origin(self, fullname: str) -> str: ...
-
-        def served(self, fullname: str, module: types.ModuleType) -> None: ...
-
-        def strict(self) -> bool: ...
-
-        #: Serve only when the import system finds no real module of that name.
-        when_missing: bool
-
-        def real_found(self, fullname: str, spec: importlib.machinery.ModuleSpec) -> None: ...
+    # The rule side of the hub is declared beside its loader, which the hub imports
+    # (never the other way round: docs/core.md, no circles).
+    from ._rule_loader import ServedModule
 
 
 class _Watch:

@@ -218,6 +218,28 @@ class Installer:
                 self._wait_for(entry, name)
                 entry.record.reason = f"waiting for import of {name} (its last import failed)"
 
+    # The Patcher's apply() and revert() go through these, never through the fields:
+    # what the installer holds stays the installer's to change (docs/core.md).
+
+    def begin_apply(self, count_calls: bool) -> None:
+        """apply() starts on this thread (under the ledger's lock): entries it installs are immediate."""
+        self.count_calls = count_calls
+        self.applying_thread = threading.get_ident()
+
+    def end_apply(self) -> None:
+        """apply() is done (under the ledger's lock): installs from now on come from imports."""
+        self.applying_thread = None
+
+    def take_stale_candidates(self) -> list[Entry]:
+        """The entries installed during apply() not yet searched for stale references; forgets them."""
+        entries, self.stale_candidates = self.stale_candidates, []
+        return entries
+
+    def take_log(self) -> dict[Site, None]:
+        """The sites filled so far, leaving the log empty (revert(), under the ledger's lock)."""
+        log, self.log = self.log, {}
+        return log
+
     def finish(self, entry: Entry, status: Status, reason: str | None) -> None:
         """End an entry's life with ``status`` (under the lock) and stop its watches."""
         entry.record.set(status, reason)

@@ -7,7 +7,6 @@ Declaring a patch does nothing: no import, no resolution. A Patcher decides when
 from __future__ import annotations
 
 import inspect
-import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -21,7 +20,9 @@ from typing import Union
 
 from ._errors import PatchDefinitionError
 from ._paths import TargetPath
+from ._paths import engine_check
 from ._paths import may_reach_the_engine
+from ._standalone import standalone as _standalone
 from ._value import Value
 
 
@@ -150,10 +151,8 @@ class AtomicPatch:
         if name is not None:
             where = f"AtomicPatch({target!r}, name={name!r})"
         for path in (self.path, *self.alias_paths):
-            if may_reach_the_engine(path):  # _engine_targets is loaded only for such paths
-                from ._engine_targets import refuse_declared
-
-                refuse_declared(path, where, alias=path is not self.path)
+            if may_reach_the_engine(path):  # the check is loaded only for such paths
+                engine_check()(path, where, path is not self.path)
         if note is not None and not isinstance(note, str):
             raise PatchDefinitionError(f"{where}: note must be a string, got {type(note).__name__}")
         self.note = note
@@ -391,17 +390,6 @@ class Patch:
         raise NotImplementedError(f"{cls.__qualname__}.patches() is not implemented")
 
 
-#: The module applying patches alone (``_per_patch``), set when it is imported: it
-#: imports the Patcher, which imports this module.
-standalone: types.ModuleType | None = None
-
-
-def _standalone() -> Any:
-    if standalone is None:  # pragma: no cover - ascend_patch_core imports it
-        raise RuntimeError("import ascend_patch_core first")
-    return standalone
-
-
 #: What ``Patcher.add`` and the ``register_patches`` hook accept.
 PatchLike: TypeAlias = Union[type[Patch], AtomicPatch, ModuleHook, LegacyPatch]  # noqa: UP007 (runtime alias on 3.10)
 
@@ -410,10 +398,11 @@ def is_import_rule(obj: object) -> bool:
     """Whether ``obj`` is a SkipImport, ReplaceImport or InjectImport (or a subclass).
 
     Answered without importing the rules module, which most programs never need (it
-    is not part of the budgeted start-up): no rule can exist before that module ran.
+    is not part of the budgeted start-up), and without looking it up: it sits above
+    this module (docs/core.md). ``ImportRule`` marks its class, so its subclasses
+    carry the mark; asked of the class, never the instance (a mock answers anything).
     """
-    rules = sys.modules.get("ascend_patch_core._rules")
-    return rules is not None and isinstance(obj, rules.ImportRule)
+    return getattr(type(obj), "__ascend_patch_import_rule__", False) is True
 
 
 #: What _keyword_names answers for a callable taking ``**kwargs``.

@@ -350,15 +350,14 @@ class Patcher:
             # Every switch at once, as the commands check them: one verdict, one message.
             check_switches()
             selection = self._config.selection()
-            self._installer.count_calls = self._config.counting()
+            self._installer.begin_apply(self._config.counting())
             self._ledger.start_report()
             self._strict = selection.strict
-            self._installer.applying_thread = me
         try:
             self._apply(selection)
         finally:
             with self._ledger.lock:
-                self._installer.applying_thread = None
+                self._installer.end_apply()
                 self._apply_done.notify_all()
         return self.report
 
@@ -426,7 +425,7 @@ class Patcher:
     def _look_for_stale(self) -> None:
         """Find modules that took an original before apply() (deferred until the report is read)."""
         with self._ledger.lock:
-            entries, self._installer.stale_candidates = self._installer.stale_candidates, []
+            entries = self._installer.take_stale_candidates()
         if entries:
             from ._stale import report_stale
 
@@ -447,7 +446,7 @@ class Patcher:
         with self._ledger.lock:
             self._applied = False
             sessions, self._sessions = self._sessions, []
-            self._installer.stale_candidates = []
+            self._installer.take_stale_candidates()
             revert_all(self._ledger, self._installer, sessions)
             self._activations.undo(self._ledger.warn)
             records, warnings = self._ledger.end_report()

@@ -16,12 +16,21 @@ a module global.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from ._errors import PatchDefinitionError
 from ._value import Value
 
 
-__all__ = ["ENGINE", "Segment", "TargetPath", "is_dotted_name", "may_reach_the_engine"]
+__all__ = [
+    "ENGINE",
+    "Segment",
+    "TargetPath",
+    "engine_check",
+    "is_dotted_name",
+    "may_reach_the_engine",
+    "use_engine_check",
+]
 
 ENGINE = "ascend_patch_core"
 
@@ -47,6 +56,25 @@ def may_reach_the_engine(path: TargetPath) -> bool:
     """Cheap screen (every declared patch passes it): whether ``path`` names a module the
     engine depends on, or one that may lead there (``os.sys.modules``)."""
     return any(segment.name in _ENGINE_WAYS for segment in path.segments)
+
+
+#: How to load the check of a path that may reach the engine (``_engine_targets``, in
+#: the install layer, since it resolves the path): handed over by the package root, so
+#: the declarations never import a layer above them (docs/core.md: no circles).
+_load_engine_check: Callable[[], Callable[[TargetPath, str, bool], None]] | None = None
+
+
+def use_engine_check(load: Callable[[], Callable[[TargetPath, str, bool], None]]) -> None:
+    """Set how to get the check :func:`engine_check` returns."""
+    global _load_engine_check
+    _load_engine_check = load
+
+
+def engine_check() -> Callable[[TargetPath, str, bool], None]:
+    """``refuse_declared(path, where, alias)``: raises for a target the engine depends on."""
+    if _load_engine_check is None:  # pragma: no cover - ascend_patch_core hands it over
+        raise RuntimeError("import ascend_patch_core first")
+    return _load_engine_check()
 
 
 # The small value types below are Value (__slots__) classes, not NamedTuples: see _value.py.

@@ -7,22 +7,23 @@ like everything else: ``apply()`` returns the patch's record, which says ``pendi
 until the target module is imported, and ``revert()`` undoes it.
 
 The declarations (``_patch``) cannot import the Patcher (it imports them); this
-module registers itself with them when the package is imported.
+module registers itself with them (``_standalone.use_standalone``) when the package is
+imported.
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterable
 from typing import Any
 
-from . import _patch
 from ._patch import AtomicPatch
 from ._patch import Patch
 from ._patcher import Patcher
 from ._report import Record
 from ._report import Status
+from ._standalone import use_standalone
+from ._work_locks import work_lock
 
 
 __all__ = [
@@ -39,7 +40,7 @@ __all__ = [
 #: Two threads applying the same patch or group alone must share one Patcher: two would
 #: install it twice, and revert() would undo only the one it finds. (Re-entrant: a
 #: fork() child makes it new unless the forking thread holds it; see _fork.)
-_own_lock = threading.RLock()
+_own_lock = work_lock()
 
 
 def info_line(patch: AtomicPatch, original: Any, replacement: Any, diff: bool) -> str:
@@ -107,4 +108,5 @@ def fold(records: list[Record], name: str) -> Record:
     return Record("group", name, name, Status.SKIPPED, "declares no patch", name)
 
 
-_patch.standalone = sys.modules[__name__]
+# Registered, never injected: the declarations call what is handed to them.
+use_standalone(sys.modules[__name__])

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-
-if TYPE_CHECKING:
-    from ._report import Record
+from typing import Any
 
 
 __all__ = ["render"]
+
+#: The Report's records (``_report.Record``): named Any here, since _report loads this
+#: module and naming its class would make a circle.
+Record = Any
 
 #: How a skipped group says it is opt-in (the patcher's reason, docs/core.md).
 _OPT_IN = "opt-in:"

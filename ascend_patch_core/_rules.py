@@ -15,6 +15,7 @@ import types
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
+from typing import ClassVar
 
 from ._errors import ImportRuleError
 from ._errors import PatchDefinitionError
@@ -44,6 +45,8 @@ class ImportRule:
     """Base of the three rule kinds. ``kind`` and ``module`` identify a rule."""
 
     __module__ = "ascend_patch_core"
+    #: What ``_patch.is_import_rule`` asks (the declarations cannot import this module).
+    __ascend_patch_import_rule__: ClassVar[bool] = True
     kind: str = "rule"
 
     def __init__(self, module: str) -> None:

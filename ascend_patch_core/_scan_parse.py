@@ -16,6 +16,8 @@ import sys
 import threading
 from typing import Any
 
+from ._work_locks import work_lock
+
 
 __all__ = ["DEEP_RECURSION_LIMIT", "parse"]
 
@@ -23,7 +25,7 @@ __all__ = ["DEEP_RECURSION_LIMIT", "parse"]
 DEEP_RECURSION_LIMIT = 200_000
 # Enough C stack for that depth: a thread's stack is reserved, not committed, memory.
 _DEEP_STACK_BYTES = 512 * 1024 * 1024
-_lock = threading.Lock()
+_lock = work_lock(reentrant=False)
 
 
 def parse(source: str | bytes, path: str = "<string>") -> ast.Module:

@@ -29,8 +29,8 @@ from ._stale import loaded_modules
 
 
 if TYPE_CHECKING:
+    from ._entries import InstallState
     from ._entries import Ledger
-    from ._installer import Installer
     from ._settings import Session
 
 
@@ -93,14 +93,14 @@ def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
                 setattr(module, name, original)
 
 
-def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) -> None:
+def revert_all(ledger: Ledger, installer: InstallState, sessions: list[Session]) -> None:
     """Undo every patch, hook, 1.0 patch and session of one patcher, newest first.
 
     Leaves their records saying so. (Import rules and environment variables are the
     Patcher's Activations to undo.)
     """
     with ledger.lock:
-        log, installer.log = installer.log, {}
+        log = installer.take_log()
         entries, hooks, legacy = ledger.clear()
         # Every entry leaves the game now, under the lock: a thread about to install
         # one (an import finishing right now) sees it reverted and stops, and one that
@@ -131,7 +131,7 @@ def revert_all(ledger: Ledger, installer: Installer, sessions: list[Session]) ->
         session.undo()
 
 
-def undo_entries(ledger: Ledger, installer: Installer, names: set[str], reason: str) -> None:
+def undo_entries(ledger: Ledger, installer: InstallState, names: set[str], reason: str) -> None:
     """Take back the live entries that ``names`` match (``disable()`` after apply()): skipped."""
     with ledger.lock:
         # A group's other names (legacy_name, "tensor_index") mean the group.

@@ -27,9 +27,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-import threading
 import warnings
-import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -38,9 +36,10 @@ from typing import TypeVar
 from typing import Union
 
 from ._errors import PatchDefinitionError
+from ._work_locks import work_lock
 
 
-__all__ = ["LazyImports", "every_lazy_imports", "with_imports"]
+__all__ = ["LazyImports", "with_imports"]
 
 F = TypeVar("F")
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -104,10 +103,6 @@ class _NotImported:
         return f"<not imported: {self._bound}>"
 
 
-#: Every LazyImports alive (``_fork`` renews their locks in a fork() child).
-every_lazy_imports: weakref.WeakSet[LazyImports] = weakref.WeakSet()
-
-
 class LazyImports:
     """The deferred imports of one function; resolved once, on its first call."""
 
@@ -127,8 +122,7 @@ class LazyImports:
         self.trampoline: Callable[..., Any] | None = None
         # Re-entrant, and known to _fork: a fork() child makes it new (unless the
         # forking thread holds it), since the thread resolving may not be there.
-        self._lock = threading.RLock()
-        every_lazy_imports.add(self)
+        self._lock = work_lock()
         #: Called once after resolution, so a patcher can install ``func`` directly
         #: in place of the trampoline (no extra frame from then on).
         self.on_resolved: list[Callable[[], None]] = []

@@ -1,0 +1,278 @@
+"""The core's architecture, read from its source files (ast; nothing under test is imported).
+
+* No circle among the core's modules, counting every kind of edge: imports at any
+  depth (functions, ``if TYPE_CHECKING:``), literal dynamic imports, run-time lookups
+  by name (``sys.modules["ascend_patch_core._x"]``, ``f"{__package__}._x"``, mock
+  targets) and injection (module A assigning an attribute of module B, or
+  ``setattr(B, ...)``, makes B depend on A at run time).
+* Only the install layer writes the Installer's state; the Patcher asks it.
+
+(tests/test_architecture.py checks what the kits and plugins may import.)
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parent.parent
+CORE = "ascend_patch_core"
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    is_package: bool
+    tree: ast.Module
+    text: str
+    where: str
+
+    @property
+    def package(self) -> str:
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+
+def core_sources(root: Path = REPO / CORE, top: str = CORE) -> dict[str, Source]:
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = [top, *path.relative_to(root).with_suffix("").parts]
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        text = path.read_text(encoding="utf-8")
+        name = ".".join(parts)
+        found[name] = Source(
+            name, is_package, ast.parse(text), text, str(path.relative_to(root.parent))
+        )
+    return found
+
+
+def _absolute(source: Source, level: int, name: str | None) -> str:
+    if level == 0:
+        return name or ""
+    base = source.package.split(".")
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, name] if name else base)
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the docstring nodes: prose naming a module is no dependency."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def edges(sources: dict[str, Source], top: str = CORE) -> dict[str, dict[str, str]]:
+    """module -> {module it depends on: "line kind"}, every kind of edge counted."""
+    graph: dict[str, dict[str, str]] = {name: {} for name in sources}
+
+    def owner(dotted: str) -> str | None:
+        """The module ``dotted`` names (itself, or the module holding that attribute)."""
+        while dotted and dotted not in sources:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    def add(src: str, dst: str | None, line: int, kind: str) -> None:
+        # A string naming the top package's public names (an error message's
+        # "ascend_patch_core.Patch") is no dependency; an import of it is one.
+        if dst == top and kind == "by name":
+            return
+        if dst is not None and dst != src:
+            graph[src].setdefault(dst, f"line {line} {kind}")
+
+    # A core module named in a string: "ascend_patch_core._x", f"{__package__}._x" ...
+    named = re.compile(rf"({re.escape(top)}|\{{__package__\}}|\{{__name__\}})((?:\.\w+)+)")
+    for name, source in sources.items():
+        module_names: dict[str, str] = {}  # local name -> core module it is bound to
+        prose = _docstrings(source.tree)
+        for node in ast.walk(source.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(name, owner(alias.name), node.lineno, "import")
+                    if alias.asname and alias.name in sources:
+                        module_names[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(source, node.level, node.module)
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    add(name, full if full in sources else owner(base), node.lineno, "import")
+                    if full in sources:
+                        module_names[alias.asname or alias.name] = full
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if id(node) in prose:
+                    continue
+                for match in named.finditer(node.value):
+                    if match.group(1) == top:
+                        add(name, owner(top + match.group(2)), node.lineno, "by name")
+            elif isinstance(node, ast.JoinedStr):
+                text = ast.get_source_segment(source.text, node) or ""
+                for match in named.finditer(text):
+                    base = {top: top, "{__package__}": source.package, "{__name__}": name}
+                    add(name, owner(base[match.group(1)] + match.group(2)), node.lineno, "by name")
+        # Injection: a module's attribute set from outside. Found in a second pass, once
+        # every local name bound to a core module is known.
+        for node in ast.walk(source.tree):
+            target_module = None
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                        target_module = module_names.get(target.value.id) or target_module
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+            ):
+                target_module = module_names.get(node.args[0].id)
+            if target_module is not None and target_module != name:
+                add(target_module, name, node.lineno, f"injected by {name}")
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """One closed path per strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(_closed_path(graph, sorted(component)))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def _closed_path(graph: dict[str, dict[str, str]], component: list[str]) -> list[str]:
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(graph[node]):
+            if nxt == start:
+                return [*paths[node], start]
+            if nxt in members and nxt not in paths:
+                paths[nxt] = [*paths[node], nxt]
+                queue.append(nxt)
+    raise AssertionError(component)  # pragma: no cover - a component is strongly connected
+
+
+def _describe(graph: dict[str, dict[str, str]], cycle: list[str]) -> str:
+    return (
+        " -> ".join(f"{a} ({graph[a][b]})" for a, b in itertools.pairwise(cycle))
+        + f" -> {cycle[-1]}"
+    )
+
+
+# ----------------------------------------------------------------------------- the checker itself
+
+
+def _sources_of(tmp_path: Path, files: dict[str, str]) -> dict[str, Source]:
+    for relative, text in files.items():
+        path = tmp_path / "pkg" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return core_sources(tmp_path / "pkg", "pkg")
+
+
+def test_hidden_edges_are_counted(tmp_path: Path) -> None:
+    """TYPE_CHECKING imports, imports in functions, lookups by name and injection each close a circle."""
+    sources = _sources_of(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+            "b.py": "def f():\n    from . import a\n",
+            "c.py": "import sys\nx = sys.modules.get('pkg.d')\n",
+            "d.py": "from . import c\n",
+            "e.py": "g = None\n",
+            "f.py": "import sys\nfrom . import e\ne.g = sys.modules[__name__]\n",
+            "h.py": "import importlib\ndef k():\n    importlib.import_module(f'{__package__}.i')\n",
+            "i.py": "from .h import k\n",
+        },
+    )
+
+    graph = edges(sources, "pkg")
+
+    assert sorted(cycles(graph)) == [
+        ["pkg.a", "pkg.b", "pkg.a"],
+        ["pkg.c", "pkg.d", "pkg.c"],
+        ["pkg.e", "pkg.f", "pkg.e"],
+        ["pkg.h", "pkg.i", "pkg.h"],
+    ]
+
+
+# ----------------------------------------------------------------------------- the core
+
+
+def test_no_circle_in_the_core_counting_every_edge() -> None:
+    """No circle among the core's modules, TYPE_CHECKING, in-function, by-name and injected edges included."""
+    graph = edges(core_sources())
+
+    described = [_describe(graph, cycle) for cycle in cycles(graph)]
+
+    assert not described, "circles in the core:\n" + "\n".join(described)
+
+
+def _writes_through(node: ast.AST, component: str) -> str | None:
+    """``x.<component>.attr = ...`` (or +=): the text of the target, else None."""
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        for target in node.targets:
+            targets += target.elts if isinstance(target, ast.Tuple) else [target]
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    for target in targets:
+        if (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Attribute)
+            and target.value.attr in (component, f"_{component}")
+        ):
+            return ast.unparse(target)
+    return None
+
+
+def test_only_the_install_layer_writes_the_installer_state() -> None:
+    """No module outside the installer's own files assigns an attribute of an Installer held by another object."""
+    offenders = [
+        f"{s.where}:{node.lineno}: {written}"
+        for s in core_sources().values()
+        for node in ast.walk(s.tree)
+        if (written := _writes_through(node, "installer")) is not None
+    ]
+
+    assert not offenders, "the Installer's state written from outside:\n" + "\n".join(offenders)
