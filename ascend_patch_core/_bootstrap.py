@@ -59,7 +59,7 @@ PTH_TEXT = (
     'import os; os.environ.get("ASCEND_PATCH_RUN") and '
     '__import__("ascend_patch_core._bootstrap", fromlist=["_"]).start_from_pth()\n'
 )
-#: Schema of the file ``ascend-patch run --report PATH`` writes (docs/cli.md).
+#: Schema of the file ``ascend-patch run --report PATH`` writes (docs/cli-reference.md).
 RUN_REPORT_SCHEMA = "ascend-patch-run/1"
 #: Where the NPU emulator (ascend-patch-emulator) publishes its ``activate``.
 EMULATOR_GROUP = "ascend_patch.emulator"

@@ -1,4 +1,5 @@
-"""The ``ascend-patch`` command: report, doctor, suggest, run, scan (docs/cli.md).
+"""The ``ascend-patch`` command: report, doctor, suggest, run, scan (docs/cli.md,
+docs/cli-reference.md).
 
 Importing this module imports argparse and nothing of the core: each command loads
 what it needs, so ``ascend-patch doctor`` and ``scan`` never pay for ``run``'s

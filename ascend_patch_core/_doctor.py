@@ -5,7 +5,7 @@ hooks only return declarations), patch groups expanded, version constraints chec
 from distribution metadata, libraries looked up with ``find_spec`` of their top-level
 name. The on-disk metadata cache is loaded as ``apply()`` would and checked against
 a fresh scan (:func:`._doctor_checks.cache_check`). The JSON form (``--json``)
-follows the ``ascend-patch-doctor/1`` schema in docs/cli.md; the exit status is 1
+follows the ``ascend-patch-doctor/1`` schema in docs/cli-reference.md; the exit status is 1
 when something is broken (an ``error`` finding), or, with ``--strict``, when there
 is any warning.
 """

@@ -3,7 +3,7 @@
 Static analysis with :mod:`ast`: the scanned code is parsed, never imported or run.
 Each finding names a rule, a place and a symbol, and lists the installed plugins'
 patches, import rules and module hooks that cover it. Coverage is decided from
-declarations alone (see docs/cli.md, "What covers a finding"): a finding is covered
+declarations alone (see docs/cli-reference.md, "What covers a finding"): a finding is covered
 when a patch targets one of its *candidate* targets (or an object containing or
 contained in it), or an import rule serves its module.
 
@@ -171,7 +171,7 @@ def _gap_symbol(finding: dict[str, Any]) -> str:
 
 
 def exit_status(result: dict[str, Any], *, check: bool = False) -> int:
-    """The exit status of ``ascend-patch scan`` for ``result`` (docs/cli.md).
+    """The exit status of ``ascend-patch scan`` for ``result`` (docs/cli-reference.md).
 
     1 when files were found but none could be scanned (the report would claim a clean
     codebase it never read); with ``check``, also when a finding is not covered or any

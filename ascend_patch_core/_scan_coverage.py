@@ -1,6 +1,6 @@
 """What covers a finding of ``ascend-patch scan``: the installed plugins' declarations, indexed.
 
-Coverage is decided from declarations alone (see docs/cli.md, "What covers a
+Coverage is decided from declarations alone (see docs/cli-reference.md, "What covers a
 finding"): a finding is covered when a patch targets one of its *candidate*
 targets (or an object containing or contained in it), or an import rule serves
 its module. A candidate is also looked up where the installed library defines it

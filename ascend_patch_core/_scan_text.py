@@ -13,7 +13,7 @@ from ._scan_rules import RULES
 
 __all__ = ["render"]
 
-#: How the reason of a file that was read but did not parse begins (docs/cli.md).
+#: How the reason of a file that was read but did not parse begins (docs/cli-reference.md).
 _PARSE_FAILURES = ("SyntaxError", "ValueError", "RecursionError", "MemoryError")
 
 

@@ -8,7 +8,7 @@ to, or the value itself, as a device to torch. Each use is a group of candidate
 targets (any one covering patch redirects that use), and the value is covered when
 every use is. A value passed to the project's own functions is not followed; one
 with no use in sight (returned, stored on ``self``) is judged by the consumers such
-values reach most: ``Tensor.to`` and ``Module.to`` (docs/cli.md, "What covers a finding").
+values reach most: ``Tensor.to`` and ``Module.to`` (docs/cli-reference.md, "What covers a finding").
 
 A name is followed within its scope only, and kept simple: a nested function that
 binds the same name (a parameter, an assignment) has a name of its own and is left

@@ -107,7 +107,7 @@ def run(
 
 
 #: How the one line starts that run says when torch_npu is missing and no --emulate-npu
-#: (docs/cli.md): the launcher's, before the program's first line -- not the program's output.
+#: (docs/cli-reference.md): the launcher's, before the program's first line -- not the program's output.
 REDIRECT_NOTE = "ascend-patch run: note: torch_npu is not installed"
 
 

@@ -290,8 +290,8 @@ def test_device_strings_and_indices(index: int) -> None:
 
 
 def test_the_rules_table_is_documented() -> None:
-    """Every rule and every CUDA-only package is named in docs/cli.md."""
-    doc = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    """Every rule and every CUDA-only package is named in docs/cli-reference.md."""
+    doc = (Path(__file__).parent.parent / "docs" / "cli-reference.md").read_text()
 
     for rule in _scan.RULES:
         assert f"`{rule}`" in doc
