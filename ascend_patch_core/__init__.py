@@ -21,72 +21,72 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
 
-from . import _per_patch  # noqa: F401 (lets AtomicPatch.apply() and Patch.apply_all() work)
-from ._errors import ImportRuleError
-from ._errors import PatchConflictError
-from ._errors import PatchDefinitionError
-from ._errors import PatchError
-from ._errors import PluginError
-from ._errors import SkipPatch
-from ._errors import StubUsageError
-from ._hookspecs import hookimpl
-from ._patch import AtomicPatch
-from ._patch import EnvSetting
-from ._patch import LegacyPatch
-from ._patch import ModuleHook
-from ._patch import Patch
-from ._patcher import Patcher
-from ._paths import use_engine_check
-from ._report import InstalledPatch
-from ._report import Provenance
-from ._report import Record
-from ._report import Report
-from ._report import Status
-from ._requires import override_version
+from ._compat import per_patch as _per_patch  # noqa: F401 (lets AtomicPatch.apply() and Patch.apply_all() work)
+from ._discovery.hookspecs import hookimpl
+from ._discovery.requires import override_version
+from ._engine.patcher import Patcher
+from ._model.errors import ImportRuleError
+from ._model.errors import PatchConflictError
+from ._model.errors import PatchDefinitionError
+from ._model.errors import PatchError
+from ._model.errors import PluginError
+from ._model.errors import SkipPatch
+from ._model.errors import StubUsageError
+from ._model.patch import AtomicPatch
+from ._model.patch import EnvSetting
+from ._model.patch import LegacyPatch
+from ._model.patch import ModuleHook
+from ._model.patch import Patch
+from ._model.paths import use_engine_check
+from ._model.report import InstalledPatch
+from ._model.report import Provenance
+from ._model.report import Record
+from ._model.report import Report
+from ._model.report import Status
 
 
 if TYPE_CHECKING:
-    from ._env_flags import env_flag
-    from ._legacy import PatcherBuilder
-    from ._legacy import default_patcher_builder
-    from ._mx_names import PatchResult
-    from ._mx_names import PatchStatus
-    from ._mx_names import RegistryPatch
-    from ._mx_names import check_version
-    from ._mx_names import get_version
-    from ._mx_names import is_mmcv_v1x
-    from ._mx_names import is_mmcv_v2x
-    from ._mx_names import mmcv_version
-    from ._replace_args import replace_with
-    from ._rules import ImportRule
-    from ._rules import InjectImport
-    from ._rules import ReplaceImport
-    from ._rules import SkipImport
-    from ._stubs import is_stub
-    from ._with_imports import with_imports
+    from ._compat.legacy import PatcherBuilder
+    from ._compat.legacy import default_patcher_builder
+    from ._compat.mx_names import PatchResult
+    from ._compat.mx_names import PatchStatus
+    from ._compat.mx_names import RegistryPatch
+    from ._compat.mx_names import check_version
+    from ._compat.mx_names import get_version
+    from ._compat.mx_names import is_mmcv_v1x
+    from ._compat.mx_names import is_mmcv_v2x
+    from ._compat.mx_names import mmcv_version
+    from ._install.with_imports import with_imports
+    from ._model.env_flags import env_flag
+    from .imports._replace_args import replace_with
+    from .imports._rules import ImportRule
+    from .imports._rules import InjectImport
+    from .imports._rules import ReplaceImport
+    from .imports._rules import SkipImport
+    from .imports._stubs import is_stub
 
 # Loaded on first use: start-up time inside a training process is budgeted
 # (docs/benchmarks.md), and most programs never touch these.
 _LAZY = {
-    "env_flag": "._env_flags",
-    "ImportRule": "._rules",
-    "InjectImport": "._rules",
-    "ReplaceImport": "._rules",
-    "SkipImport": "._rules",
-    "PatcherBuilder": "._legacy",
-    "default_patcher_builder": "._legacy",
+    "env_flag": "._model.env_flags",
+    "ImportRule": ".imports._rules",
+    "InjectImport": ".imports._rules",
+    "ReplaceImport": ".imports._rules",
+    "SkipImport": ".imports._rules",
+    "PatcherBuilder": "._compat.legacy",
+    "default_patcher_builder": "._compat.legacy",
     # The DrivingSDK patcher's names (docs/migrating-from-mx-driving.md).
-    "PatchResult": "._mx_names",
-    "PatchStatus": "._mx_names",
-    "RegistryPatch": "._mx_names",
-    "check_version": "._mx_names",
-    "get_version": "._mx_names",
-    "is_mmcv_v1x": "._mx_names",
-    "is_mmcv_v2x": "._mx_names",
-    "mmcv_version": "._mx_names",
-    "replace_with": "._replace_args",
-    "is_stub": "._stubs",
-    "with_imports": "._with_imports",
+    "PatchResult": "._compat.mx_names",
+    "PatchStatus": "._compat.mx_names",
+    "RegistryPatch": "._compat.mx_names",
+    "check_version": "._compat.mx_names",
+    "get_version": "._compat.mx_names",
+    "is_mmcv_v1x": "._compat.mx_names",
+    "is_mmcv_v2x": "._compat.mx_names",
+    "mmcv_version": "._compat.mx_names",
+    "replace_with": ".imports._replace_args",
+    "is_stub": ".imports._stubs",
+    "with_imports": "._install.with_imports",
 }
 
 
@@ -137,7 +137,7 @@ __all__ = [
 
 def _engine_check() -> Any:
     # AtomicPatch(...) of a path that may reach the engine (sys.modules...): loaded then.
-    from ._engine_targets import refuse_declared
+    from ._install.engine_targets import refuse_declared
 
     return refuse_declared
 
@@ -168,7 +168,7 @@ def apply(
         disable=disable, plugins=plugins, autoload=autoload, strict=strict
     )
     if enable is not None:
-        from ._registry import split_names
+        from ._discovery.registry import split_names
 
         default_patcher.enable(*sorted(split_names(enable)))
     return default_patcher.apply()
@@ -194,7 +194,7 @@ def __getattr__(name: str) -> Any:
         return version("ascend-patch-core")
     if name.isidentifier() and not name.startswith("_") and name not in _NOT_LEGACY:
         # A 1.0 function name of a plugin's group (msda, dc, index ...).
-        from ._legacy import legacy_function
+        from ._compat.legacy import legacy_function
 
         function = legacy_function(name)
         if function is not None:

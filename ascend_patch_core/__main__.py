@@ -7,7 +7,7 @@ console script does.
 
 import sys
 
-from ._cli import main
+from ._cli.commands import main
 
 
 if __name__ == "__main__":

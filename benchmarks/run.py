@@ -251,9 +251,9 @@ def startup(rounds: int, pythons: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 
 def per_call(rounds: int, number: int) -> dict[str, float]:
-    from ascend_patch_core._report import CallCounters
-    from ascend_patch_core._wrappers import _GENERIC_CODE
-    from ascend_patch_core._wrappers import make_runtime_check_wrapper
+    from ascend_patch_core._install.wrappers import _GENERIC_CODE
+    from ascend_patch_core._install.wrappers import make_runtime_check_wrapper
+    from ascend_patch_core._model.report import CallCounters
 
     def original(a, b=None):
         return a
@@ -327,7 +327,8 @@ def finder_overhead(rounds: int) -> dict[str, float]:
     # The side-by-side difference is at this machine's noise floor; count what the
     # finder is actually asked during the same import, to price it exactly.
     counting = (
-        with_hub + "; from ascend_patch_core._hub import hub; real = hub.find_spec; calls = [0]\n"
+        with_hub
+        + "; from ascend_patch_core.imports._hub import hub; real = hub.find_spec; calls = [0]\n"
         "def find_spec(*args, **kwargs):\n"
         "    calls[0] += 1\n"
         "    return real(*args, **kwargs)\n"
@@ -349,7 +350,7 @@ def finder_overhead(rounds: int) -> dict[str, float]:
     lookups = int(counted.stdout.strip().splitlines()[-1])
     from ascend_patch_core import ModuleHook
     from ascend_patch_core import Patcher
-    from ascend_patch_core._hub import hub
+    from ascend_patch_core.imports._hub import hub
 
     patcher = Patcher().add(ModuleHook("transformers.models.*.modeling_*", lambda m: []))
     patcher.skip_import("flash_attn")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ascend_patch_core import Patcher
-from ascend_patch_core._hub import hub
+from ascend_patch_core.imports._hub import hub
 
 
 _counter = itertools.count()

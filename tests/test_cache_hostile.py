@@ -34,7 +34,7 @@ BIN = Path(sys.executable).parent
 APPLY_PROBE = """
 import json
 import ascend_patch_core
-from ascend_patch_core._metadata import metadata
+from ascend_patch_core._discovery.metadata import metadata
 report = ascend_patch_core.apply()
 print(json.dumps({
     "hit": metadata.hit, "rejected": metadata.rejected, "refused": metadata.refused,
@@ -114,7 +114,7 @@ import sys, time
 start = time.perf_counter()
 import ascend_patch_core
 ascend_patch_core.apply()
-from ascend_patch_core._metadata import metadata
+from ascend_patch_core._discovery.metadata import metadata
 assert not metadata.hit, "a hostile cache was believed"
 print(time.perf_counter() - start)
 """
@@ -175,7 +175,7 @@ def test_the_reason_names_what_is_wrong_and_the_cache_is_rebuilt(tmp_path: Path)
 
 
 def test_a_file_larger_than_any_cache_is_not_read(tmp_path: Path) -> None:
-    from ascend_patch_core._cache_file import MAX_BYTES
+    from ascend_patch_core._discovery.cache_file import MAX_BYTES
 
     path = _cache_file(tmp_path)
     path.write_bytes(b"N" * (MAX_BYTES + 1))
@@ -229,7 +229,7 @@ _token_streams = st.lists(_TOKENS, max_size=60).map(b"".join)
 def test_the_stream_check_is_quick_and_marshal_is_safe_after_it(data: bytes) -> None:
     """Any bytes: the check answers at once; bytes it accepts unmarshal without a huge
     allocation (at worst a ValueError/EOFError on a detail it leaves to marshal)."""
-    from ascend_patch_core._cache_validation import stream_problem
+    from ascend_patch_core._discovery.cache_validation import stream_problem
 
     started = time.perf_counter()
     problem = stream_problem(data)
@@ -246,7 +246,7 @@ def test_the_stream_check_is_quick_and_marshal_is_safe_after_it(data: bytes) -> 
 def test_what_the_writer_writes_is_always_accepted(value: Any) -> None:
     """No false alarm: whatever marshal.dumps makes of the cache's types passes the check
     (shared objects and references included)."""
-    from ascend_patch_core._cache_validation import stream_problem
+    from ascend_patch_core._discovery.cache_validation import stream_problem
 
     assert stream_problem(marshal.dumps(value)) is None
     assert stream_problem(marshal.dumps([value, value, {"k": value}])) is None
@@ -255,7 +255,7 @@ def test_what_the_writer_writes_is_always_accepted(value: Any) -> None:
 @pytest.fixture(scope="module")
 def real_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes, Any]:
     """A real cache file of this interpreter, and the answers of a fresh scan."""
-    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._discovery.metadata import MetadataCache
 
     directory = tmp_path_factory.mktemp("fuzzed-cache")
     old = os.environ.get("ASCEND_PATCH_CACHE_DIR")
@@ -301,7 +301,7 @@ def test_a_fuzzed_cache_never_crashes_the_reader_nor_changes_its_answers(
 ) -> None:
     """Random bytes, or a real cache with a few bytes changed: loading never raises, and the
     answers are those of a fresh scan (a damaged cache is discarded, never believed)."""
-    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._discovery.metadata import MetadataCache
 
     path, original, answers = real_cache
     content = data.draw(st.one_of(st.binary(max_size=2000), _mutated(original), _token_streams))

@@ -41,7 +41,7 @@ if os.environ.get("APX_NO_PASSWD"):
 APPLY = """
 import json, sys
 import ascend_patch_core
-from ascend_patch_core._metadata import metadata
+from ascend_patch_core._discovery.metadata import metadata
 ascend_patch_core.apply()
 print(json.dumps({"hit": metadata.hit, "refused": metadata.refused, "path": metadata._path(),
                   "unplaced": getattr(metadata, "unplaced", None),
@@ -79,7 +79,9 @@ def _apply(work: Path, env: dict[str, str]) -> dict[str, Any]:
 
 def _doctor(work: Path, env: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     # `ascend-patch doctor --json`, in an interpreter that may lack a passwd entry.
-    doctor = NO_PASSWD + "import sys\nfrom ascend_patch_core._cli import main\nsys.exit(main())"
+    doctor = (
+        NO_PASSWD + "import sys\nfrom ascend_patch_core._cli.commands import main\nsys.exit(main())"
+    )
     done = subprocess.run(
         [sys.executable, "-c", doctor, "doctor", "--json"],
         env=env,
@@ -191,7 +193,7 @@ def test_home_unset_uses_the_passwd_entry() -> None:
     """HOME unset, this uid has a passwd entry: its home directory (not ./~)."""
     import pwd
 
-    from ascend_patch_core._cache_file import cache_location
+    from ascend_patch_core._discovery.cache_file import cache_location
 
     home = pwd.getpwuid(os.getuid()).pw_dir
     assert cache_location({})[:3] == (os.path.join(home, ".cache", "ascend-patch"), True, None)
@@ -324,7 +326,7 @@ def test_a_chosen_directory_reached_through_another_users_link_is_refused(
     ],
 )
 def test_location_rules(environ: dict[str, str], expected: tuple[str | None, bool]) -> None:
-    from ascend_patch_core._cache_file import cache_location
+    from ascend_patch_core._discovery.cache_file import cache_location
 
     directory, ours, why, _ = cache_location(environ)
     assert (directory, ours) == expected

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ascend_patch_core import _bootstrap
-from ascend_patch_core import _cli
-from ascend_patch_core import _run
+from ascend_patch_core._cli import bootstrap as _bootstrap
+from ascend_patch_core._cli import commands as _cli
+from ascend_patch_core._cli import run as _run
 
 
 BIN = Path(sys.executable).parent

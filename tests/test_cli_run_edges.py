@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from ascend_patch_core import _report_file
-from ascend_patch_core import _script_source
+from ascend_patch_core._cli import report_file as _report_file
+from ascend_patch_core._cli import script_source as _script_source
 
 
 BIN = Path(sys.executable).parent

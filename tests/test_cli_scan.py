@@ -437,7 +437,7 @@ def test_deep_files_are_scanned_not_a_crash(tmp_path: Path, site: Path) -> None:
 
 
 def _parses(source: str) -> bool:
-    from ascend_patch_core._scan_parse import parse
+    from ascend_patch_core._scan.parse import parse
 
     try:
         parse(source)

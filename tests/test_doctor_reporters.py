@@ -97,7 +97,7 @@ def test_the_core_alone_says_nothing_of_an_npu_stack_it_cannot_see(tmp_path: Pat
         sys.executable,
         "-S",
         "-c",
-        "import sys; from ascend_patch_core._cli import main; sys.exit(main())",
+        "import sys; from ascend_patch_core._cli.commands import main; sys.exit(main())",
     ]
     result, text = _doctor(cmd, env, tmp_path)
 

@@ -127,8 +127,8 @@ REFUSED = {
     "os.environ": "fork() handling",
     # the engine itself
     "ascend_patch_core.Patcher.apply": "it is the engine",
-    "ascend_patch_core._hub.hub": "it is the engine",
-    "ascend_patch_core._installer:Installer.advance": "it is the engine",
+    "ascend_patch_core.imports._hub.hub": "it is the engine",
+    "ascend_patch_core._install.installer:Installer.advance": "it is the engine",
 }
 
 
@@ -346,7 +346,7 @@ def test_a_plugin_group_with_an_engine_target_is_named_with_its_plugin(tmp_path:
 
 def test_the_installed_plugins_declare_no_engine_target() -> None:
     """Every group of every installed plugin (opt-in ones too) still expands."""
-    from ascend_patch_core._declarations import collect
+    from ascend_patch_core._engine.declarations import collect
 
     inventory = collect(enable=["*"])
     assert inventory.loaded(), "no plugin installed"

@@ -214,12 +214,12 @@ def test_the_fork_machinery_loads_only_at_the_first_fork() -> None:
         import os, sys
         import ascend_patch_core
         ascend_patch_core.Patcher().apply()
-        assert "ascend_patch_core._fork" not in sys.modules
+        assert "ascend_patch_core._engine.fork" not in sys.modules
         pid = os.fork()
         if pid == 0:
             os._exit(0)
         os.waitpid(pid, 0)
-        assert "ascend_patch_core._fork" in sys.modules
+        assert "ascend_patch_core._engine.fork" in sys.modules
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

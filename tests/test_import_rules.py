@@ -35,7 +35,7 @@ from ascend_patch_core import SkipImport
 from ascend_patch_core import Status
 from ascend_patch_core import hookimpl
 from ascend_patch_core import is_stub
-from ascend_patch_core._hub import hub
+from ascend_patch_core.imports._hub import hub
 
 
 PackageFactory = Callable[..., str]

@@ -23,7 +23,7 @@ from ascend_patch_core import ModuleHook
 from ascend_patch_core import Patcher
 from ascend_patch_core import PatchError
 from ascend_patch_core import Status
-from ascend_patch_core._hub import hub
+from ascend_patch_core.imports._hub import hub
 
 
 HEAVY = (
@@ -89,10 +89,10 @@ def test_apply_in_subprocess_imports_no_heavy_library(tmp_path: Path) -> None:
 def test_rarely_used_core_modules_load_on_first_use(tmp_path: Path) -> None:
     """Import rules, the 1.0 builder, with_imports and print_info cost nothing until used."""
     lazy = (
-        "ascend_patch_core._rules",
-        "ascend_patch_core._legacy",
-        "ascend_patch_core._with_imports",
-        "ascend_patch_core._info",  # print_info() / get_info() only
+        "ascend_patch_core.imports._rules",
+        "ascend_patch_core._compat.legacy",
+        "ascend_patch_core._install.with_imports",
+        "ascend_patch_core._engine.info",  # print_info() / get_info() only
     )
     code = (
         "import sys, ascend_patch_core\n"
@@ -119,7 +119,7 @@ def test_apply_with_the_installed_plugins_loads_no_rule_machinery(tmp_path: Path
         pytest.skip("mmcv or an NPU runtime is installed: a plugin serves a module there")
     code = (
         "import sys, ascend_patch_core; ascend_patch_core.apply(); "
-        "print('ascend_patch_core._rules' in sys.modules)"
+        "print('ascend_patch_core.imports._rules' in sys.modules)"
     )
     lines = _output(tmp_path, code)
     assert lines[-1] == "False"

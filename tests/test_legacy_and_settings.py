@@ -139,7 +139,7 @@ def test_allow_internal_format_waits_for_torch_npu_and_reverts(
     assert config.allow_internal_format is True
     fake = types.ModuleType("torch_npu")
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
-    from ascend_patch_core._hub import hub
+    from ascend_patch_core.imports._hub import hub
 
     hub.notify("torch_npu", fake)  # what the finder does once torch_npu's body has run
     assert config.allow_internal_format is False

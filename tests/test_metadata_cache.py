@@ -19,7 +19,7 @@ import pytest
 
 PROBE = (
     "import ascend_patch_core, sys\n"
-    "from ascend_patch_core._metadata import metadata\n"
+    "from ascend_patch_core._discovery.metadata import metadata\n"
     "ascend_patch_core.apply(autoload=True)\n"
     "print(metadata.hit, 'packaging' in sys.modules)\n"
 )
@@ -75,8 +75,8 @@ def _site_on_path(site: Path, monkeypatch: Any) -> None:
 
 def test_unchanged_directory_is_not_listed_again(tmp_path: Path, monkeypatch: Any) -> None:
     """A directory whose time is old and unchanged costs one stat: its listing is reused."""
-    from ascend_patch_core import _fingerprint
-    from ascend_patch_core import _metadata
+    from ascend_patch_core._discovery import fingerprint as _fingerprint
+    from ascend_patch_core._discovery import metadata as _metadata
 
     site = tmp_path / "site"
     _dist(site, "apx-cache-e")
@@ -99,7 +99,7 @@ def test_a_distribution_added_within_the_same_clock_tick_is_seen(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     """A recent directory time is not trusted (racy clean): a coarse clock cannot hide an install."""
-    from ascend_patch_core import _metadata
+    from ascend_patch_core._discovery import metadata as _metadata
 
     site = tmp_path / "site"
     _dist(site, "apx-cache-f")
@@ -115,7 +115,7 @@ def test_a_non_persistent_view_neither_reads_nor_writes_the_disk_cache(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     """MetadataCache(persistent=False) (what doctor uses) answers from what is installed now."""
-    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._discovery.metadata import MetadataCache
 
     monkeypatch.setenv("ASCEND_PATCH_CACHE_DIR", str(tmp_path / "cache"))
     warm = MetadataCache()
@@ -134,8 +134,8 @@ def test_a_non_persistent_view_neither_reads_nor_writes_the_disk_cache(
 
 def test_an_egg_info_rewritten_in_place_changes_the_key(tmp_path: Path, monkeypatch: Any) -> None:
     """setup.py develop adds entry_points.txt inside an existing egg-info: the parent's time stays."""
-    from ascend_patch_core import _fingerprint
-    from ascend_patch_core import _metadata
+    from ascend_patch_core._discovery import fingerprint as _fingerprint
+    from ascend_patch_core._discovery import metadata as _metadata
 
     site = tmp_path / "site"
     egg = site / "apx_develop.egg-info"
@@ -154,7 +154,7 @@ def test_an_egg_info_rewritten_in_place_changes_the_key(tmp_path: Path, monkeypa
 
 def test_non_string_sys_path_entries_are_ignored(tmp_path: Path, monkeypatch: Any) -> None:
     """A pathlib.Path entry on sys.path (the PathFinder ignores it) breaks nothing."""
-    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._discovery.metadata import MetadataCache
 
     monkeypatch.setenv("ASCEND_PATCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "path", [tmp_path, *sys.path])
@@ -166,8 +166,8 @@ def test_non_string_sys_path_entries_are_ignored(tmp_path: Path, monkeypatch: An
 
 def test_a_moved_directory_is_listed_once_then_remembered(tmp_path: Path, monkeypatch: Any) -> None:
     """The working directory's times move when a program writes there: listed again once, then not."""
-    from ascend_patch_core import _fingerprint
-    from ascend_patch_core import _metadata
+    from ascend_patch_core._discovery import fingerprint as _fingerprint
+    from ascend_patch_core._discovery import metadata as _metadata
 
     work = tmp_path / "work"
     work.mkdir()
@@ -202,7 +202,7 @@ BIN = Path(sys.executable).parent
 APPLY_PROBE = """
 import json, os, sys
 import ascend_patch_core
-from ascend_patch_core._metadata import metadata
+from ascend_patch_core._discovery.metadata import metadata
 report = ascend_patch_core.apply()
 print(json.dumps({
     "hit": metadata.hit, "rejected": metadata.rejected, "refused": metadata.refused,
@@ -213,8 +213,8 @@ print(json.dumps({
 """
 FORGE = """
 import marshal, os, sys
-from ascend_patch_core._fingerprint import fingerprint
-from ascend_patch_core._metadata import MetadataCache
+from ascend_patch_core._discovery.fingerprint import fingerprint
+from ascend_patch_core._discovery.metadata import MetadataCache
 path = MetadataCache()._path()
 with open(path, "rb") as fh:
     data = marshal.load(fh)
@@ -603,7 +603,7 @@ def test_private_modes_under_umask_000(tmp_path: Path, where: str) -> None:
 
 
 def _fresh(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> Any:
-    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._discovery.metadata import MetadataCache
 
     monkeypatch.setenv("ASCEND_PATCH_CACHE_DIR", str(cache_dir))
     return MetadataCache
@@ -623,7 +623,7 @@ def _warm(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> Path:
 
 
 def _doctor_cache_findings() -> dict[str, str]:
-    from ascend_patch_core._doctor_checks import cache_check
+    from ascend_patch_core._cli.doctor_checks import cache_check
 
     return {f.code: f.message for f in cache_check()[1]}
 
@@ -632,7 +632,7 @@ def test_a_cache_directory_owned_by_someone_else_is_neither_read_nor_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another uid's directory (as when root runs with a user's HOME) is refused; doctor says so."""
-    from ascend_patch_core import _cache_file
+    from ascend_patch_core._discovery import cache_file as _cache_file
 
     path = _warm(monkeypatch, tmp_path / "cache")
     before = path.read_bytes(), path.stat().st_mtime_ns
@@ -655,7 +655,7 @@ def test_a_cache_file_owned_by_someone_else_is_not_read_and_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A foreign-owned file in a private directory is not unmarshalled; this user's file replaces it."""
-    from ascend_patch_core import _cache_file
+    from ascend_patch_core._discovery import cache_file as _cache_file
 
     path = _warm(monkeypatch, tmp_path / "cache")
     real_fstat = os.fstat
@@ -724,7 +724,7 @@ def test_the_default_directory_left_open_by_an_older_release_is_made_private(
     """~/.cache/ascend-patch made 0775 under umask 002: tightened to 0700; the file in it is rewritten first."""
     monkeypatch.delenv("ASCEND_PATCH_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    from ascend_patch_core._metadata import MetadataCache
+    from ascend_patch_core._discovery.metadata import MetadataCache
 
     first = MetadataCache()
     first.entry_points("ascend_patch")

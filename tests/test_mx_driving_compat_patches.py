@@ -253,7 +253,7 @@ def test_disable_after_apply_by_snake_name(make_package: PackageFactory, patcher
 def test_group_names_are_converted_once_per_name_not_per_apply(patcher: Patcher) -> None:
     """apply() asks for each group's names several times; the snake-case conversion is
     cached, so a second apply() of the same groups converts nothing again (hot path)."""
-    from ascend_patch_core._group_names import snake_name
+    from ascend_patch_core._engine.group_names import snake_name
 
     class SomeLongGroupNameForCaching(Patch):
         @classmethod
@@ -302,7 +302,7 @@ def test_atomic_patch_applied_alone_from_two_threads_is_installed_once(
     import threading
     import time
 
-    from ascend_patch_core import _per_patch
+    from ascend_patch_core._compat import per_patch as _per_patch
 
     resnet = _resnet(make_package)
     made: list[Patcher] = []

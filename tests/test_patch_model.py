@@ -31,7 +31,7 @@ from ascend_patch_core import PatchError
 from ascend_patch_core import Report
 from ascend_patch_core import Status
 from ascend_patch_core import hookimpl
-from ascend_patch_core._hub import hub
+from ascend_patch_core.imports._hub import hub
 
 
 PackageFactory = Callable[..., str]
@@ -298,7 +298,7 @@ def test_a_shared_runtime_check_serves_every_patch_and_is_not_kept_alive(
     import gc
     import weakref
 
-    from ascend_patch_core import _patch
+    from ascend_patch_core._model import patch as _patch
 
     pkg = make_package({"core.py": "def f(x):\n    return 'f'\n\ndef g(x, y=1):\n    return 'g'\n"})
     core = _import(f"{pkg}.core")

@@ -418,7 +418,7 @@ def test_apply_alone_has_no_bound_unless_asked(tmp_path: Path, site: Path) -> No
     )
     env = env_for(tmp_path, site, ASCEND_PATCH_PLUGINS="apx_iso_slow")
     del env["ASCEND_PATCH_PLUGIN_TIMEOUT"]
-    code = "import ascend_patch_core as a, sys\nr = a.apply()\nprint(r.ok, 'ascend_patch_core._plugin_bound' in sys.modules)"
+    code = "import ascend_patch_core as a, sys\nr = a.apply()\nprint(r.ok, 'ascend_patch_core._discovery.plugin_bound' in sys.modules)"
 
     done = run([sys.executable, "-c", code], tmp_path, env)
 

@@ -39,7 +39,7 @@ def register_patches():
 PROBE = """
 import json, sys
 import ascend_patch_core
-from ascend_patch_core._metadata import metadata
+from ascend_patch_core._discovery.metadata import metadata
 report = ascend_patch_core.apply()
 print(json.dumps({
     "plugins": {r.name: [r.status.value, r.reason] for r in report.records if r.kind == "plugin"},

@@ -31,8 +31,8 @@ from ascend_patch_core import Provenance
 from ascend_patch_core import Report
 from ascend_patch_core import Status
 from ascend_patch_core import is_stub
-from ascend_patch_core._metadata import MetadataCache
-from ascend_patch_core._metadata import metadata
+from ascend_patch_core._discovery.metadata import MetadataCache
+from ascend_patch_core._discovery.metadata import metadata
 
 
 _counter = itertools.count()
@@ -1041,7 +1041,7 @@ def test_corrupt_cache_file_is_ignored(dists: DistFactory, content: bytes) -> No
 _PROBE = """
 import json, sys
 import ascend_patch_core
-from ascend_patch_core._metadata import metadata
+from ascend_patch_core._discovery.metadata import metadata
 report = ascend_patch_core.apply()
 out = {
     "hit": metadata.hit,

@@ -122,8 +122,8 @@ def test_a_bare_distribution_name_is_checked_without_packaging(
     """requires='dist' (no version) needs only the metadata: packaging is not imported for it."""
     import sys
 
-    from ascend_patch_core._metadata import MetadataCache
-    from ascend_patch_core._requires import check_requirement
+    from ascend_patch_core._discovery.metadata import MetadataCache
+    from ascend_patch_core._discovery.requires import check_requirement
 
     for name in [m for m in sys.modules if m == "packaging" or m.startswith("packaging.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -150,8 +150,8 @@ def test_a_version_range_of_an_absent_distribution_is_checked_without_packaging(
     """
     import sys
 
-    from ascend_patch_core._metadata import MetadataCache
-    from ascend_patch_core._requires import check_requirement
+    from ascend_patch_core._discovery.metadata import MetadataCache
+    from ascend_patch_core._discovery.requires import check_requirement
 
     for name in [m for m in sys.modules if m == "packaging" or m.startswith("packaging.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -167,8 +167,8 @@ def test_a_version_range_of_an_absent_distribution_is_checked_without_packaging(
 
 def test_a_malformed_range_of_an_absent_distribution_is_still_reported() -> None:
     """The fast path takes only well-formed ranges: a malformed one is parsed and named."""
-    from ascend_patch_core._metadata import MetadataCache
-    from ascend_patch_core._requires import check_requirement
+    from ascend_patch_core._discovery.metadata import MetadataCache
+    from ascend_patch_core._discovery.requires import check_requirement
 
     ok, why = check_requirement("apx-never-installed-dist>>1", MetadataCache())
     assert not ok and why.startswith("invalid requirement 'apx-never-installed-dist>>1'")

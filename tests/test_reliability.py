@@ -17,7 +17,7 @@ import pytest
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import Patcher
 from ascend_patch_core import Status
-from ascend_patch_core._hub import hub
+from ascend_patch_core.imports._hub import hub
 
 
 PackageFactory = Callable[..., str]
@@ -502,8 +502,8 @@ def test_the_hub_leaving_sys_meta_path_mid_import_makes_no_finder_skipped(
     """
     import importlib.machinery
 
-    from ascend_patch_core._hub import ImportHub
-    from ascend_patch_core._hub import remove_finder
+    from ascend_patch_core.imports._hub import ImportHub
+    from ascend_patch_core.imports._hub import remove_finder
 
     pkg = make_package({"mod.py": "x = 1\n"})
     importlib.import_module(pkg)
@@ -531,7 +531,7 @@ def test_a_finder_added_by_another_thread_while_the_hub_leaves_is_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The rebinding does not lose a concurrent sys.meta_path.insert made to the old list."""
-    from ascend_patch_core._hub import remove_finder
+    from ascend_patch_core.imports._hub import remove_finder
 
     leaving, arriving = object(), object()
 

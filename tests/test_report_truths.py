@@ -26,7 +26,7 @@ from ascend_patch_core import PatchDefinitionError
 from ascend_patch_core import Patcher
 from ascend_patch_core import Status
 from ascend_patch_core import hookimpl
-from ascend_patch_core._env_flags import env_flag
+from ascend_patch_core._model.env_flags import env_flag
 
 
 BIN = Path(sys.executable).parent

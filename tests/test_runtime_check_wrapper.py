@@ -1,4 +1,4 @@
-"""The runtime_check wrapper chooses its code on its first call (see ascend_patch_core/_wrappers.py).
+"""The runtime_check wrapper chooses its code on its first call (see ascend_patch_core/_install/wrappers.py).
 
 apply() makes every wrapper the same cheap way; the first call reads the parameters
 and picks the exact-signature code or the generic one. These tests pin what that
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from ascend_patch_core._report import CallCounters
-from ascend_patch_core._wrappers import _GENERIC_CODE
-from ascend_patch_core._wrappers import make_runtime_check_wrapper
+from ascend_patch_core._install.wrappers import _GENERIC_CODE
+from ascend_patch_core._install.wrappers import make_runtime_check_wrapper
+from ascend_patch_core._model.report import CallCounters
 
 
 def original(x, y=1, *, scale=2):  # type: ignore[no-untyped-def]

@@ -21,11 +21,11 @@ from ascend_patch_core import AtomicPatch
 from ascend_patch_core import PatchDefinitionError
 from ascend_patch_core import Patcher
 from ascend_patch_core import Status
-from ascend_patch_core._paths import TargetPath
-from ascend_patch_core._target import Missing
-from ascend_patch_core._target import Slot
-from ascend_patch_core._target import Waiting
-from ascend_patch_core._target import resolve
+from ascend_patch_core._install.target import Missing
+from ascend_patch_core._install.target import Slot
+from ascend_patch_core._install.target import Waiting
+from ascend_patch_core._install.target import resolve
+from ascend_patch_core._model.paths import TargetPath
 
 
 PackageFactory = Callable[..., str]

@@ -18,7 +18,7 @@ from ascend_patch_emulator import EmulatorVersionError
 from ascend_patch_emulator import KernelNotImplementedError
 
 from ascend_patch_core import Patcher
-from ascend_patch_core._hub import hub
+from ascend_patch_core.imports._hub import hub
 
 
 def test_importing_the_emulator_and_the_pytest_plugin_imports_no_torch():

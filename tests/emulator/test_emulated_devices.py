@@ -15,8 +15,8 @@ from ascend_patch_emulator._activate import MAX_DEVICES
 from ascend_patch_emulator._activate import resolve_device_count
 from ascend_patch_emulator.doctor import VARIABLES
 
-from ascend_patch_core._run import EMULATED_DEVICES_VAR
-from ascend_patch_core._run import MAX_EMULATED_DEVICES
+from ascend_patch_core._cli.run import EMULATED_DEVICES_VAR
+from ascend_patch_core._cli.run import MAX_EMULATED_DEVICES
 
 
 @pytest.fixture

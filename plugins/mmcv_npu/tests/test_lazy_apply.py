@@ -18,7 +18,7 @@ HEAVY = ("torch", "numpy", "mmcv", "mmdet", "mmdet3d", "mmengine", "mx_driving",
 PROGRAMS = {
     "apply": "import ascend_patch_core; ascend_patch_core.apply()",
     "apply-with-opt-in": "import ascend_patch_core; ascend_patch_core.apply(enable='*')",
-    "doctor": "from ascend_patch_core._doctor import diagnose; diagnose()",
+    "doctor": "from ascend_patch_core._cli.doctor import diagnose; diagnose()",
 }
 
 

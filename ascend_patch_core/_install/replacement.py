@@ -1,0 +1,77 @@
+"""Building the object a patch installs: resolve, wrap, add the runtime check.
+
+Order, as documented on :class:`~ascend_patch_core.AtomicPatch`: a dotted-string
+replacement is imported; without one, ``target_wrapper(original)`` makes it;
+``replacement_wrapper`` wraps the result; a ``runtime_check`` puts the per-call
+choice between replacement and original around it last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._model.errors import PatchError
+from .._model.patch import AtomicPatch
+from .._model.report import CallCounters
+from .entries import Skip
+from .target import inner_callable
+from .target import resolve_string
+
+
+__all__ = ["build_replacement", "wrapper_maker"]
+
+
+def build_replacement(
+    patch: AtomicPatch, original: Any, counters: CallCounters | None
+) -> tuple[Any, Any]:
+    """Return (replacement, installed): the resolved replacement and what goes in the slot.
+
+    ``installed`` is the replacement itself, or its runtime_check wrapper. Raises
+    :class:`Skip` when the patch cannot apply here and :class:`PatchError` when it is broken.
+    """
+    replacement = patch.replacement
+    if isinstance(replacement, str):
+        try:
+            replacement = resolve_string(replacement)
+        except ModuleNotFoundError as exc:
+            # Its library is not installed here: not applicable, like an absent target.
+            if patch.target_wrapper is None:
+                raise Skip(f"replacement {patch.replacement!r} is not importable: {exc}") from exc
+            replacement = None
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() fails its patch only
+            # The module imports but the name is not in it (or its import raised): the
+            # declaration is wrong for the code installed, a defect -- FAILED, not SKIPPED.
+            raise PatchError(
+                f"replacement {patch.replacement!r} cannot be resolved: {type(exc).__name__}: {exc}"
+            ) from exc
+    if replacement is None:
+        if patch.target_wrapper is None:
+            raise PatchError("no replacement")
+        if original is None:
+            raise Skip("target_wrapper has no original to wrap (the target is None)")
+        try:
+            replacement = patch.target_wrapper(original)
+        except (Exception, SystemExit) as exc:
+            raise PatchError(f"target_wrapper raised {type(exc).__name__}: {exc}") from exc
+    if patch.replacement_wrapper is not None:
+        try:
+            replacement = patch.replacement_wrapper(replacement)
+        except (Exception, SystemExit) as exc:
+            raise PatchError(f"replacement_wrapper raised {type(exc).__name__}: {exc}") from exc
+    if patch.runtime_check is None:
+        return replacement, replacement
+    descriptor = type(replacement) if isinstance(replacement, (staticmethod, classmethod)) else None
+    function = inner_callable(replacement) if descriptor else replacement
+    if not callable(function) or not callable(original):
+        raise PatchError("runtime_check needs a callable replacement and a callable original")
+    assert counters is not None
+    wrapper = wrapper_maker()(patch.runtime_check, function, original, counters)
+    return replacement, (descriptor(wrapper) if descriptor is not None else wrapper)
+
+
+def wrapper_maker() -> Callable[..., Any]:
+    """``make_runtime_check_wrapper``: its module loads on first use, not with every apply()."""
+    from .wrappers import make_runtime_check_wrapper
+
+    return make_runtime_check_wrapper
