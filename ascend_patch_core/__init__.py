@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
 
-from ._compat import per_patch as _per_patch  # noqa: F401 (lets AtomicPatch.apply() and Patch.apply_all() work)
 from ._discovery.hookspecs import hookimpl
 from ._discovery.requires import override_version
 from ._engine.patcher import Patcher
@@ -43,6 +42,7 @@ from ._model.report import Provenance
 from ._model.report import Record
 from ._model.report import Report
 from ._model.report import Status
+from ._model.standalone import use_standalone
 
 
 if TYPE_CHECKING:
@@ -143,6 +143,16 @@ def _engine_check() -> Any:
 
 
 use_engine_check(_engine_check)
+
+
+def _per_patch() -> Any:
+    # AtomicPatch.apply() and Patch.apply_all(): loaded on first use (start-up is budgeted).
+    from ._compat import per_patch
+
+    return per_patch
+
+
+use_standalone(_per_patch)
 
 #: The patcher holding the default patches of every installed plugin, plus what you add.
 default_patcher = Patcher(autoload=True)

@@ -13,7 +13,6 @@ imported.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,7 +21,6 @@ from .._model.patch import AtomicPatch
 from .._model.patch import Patch
 from .._model.report import Record
 from .._model.report import Status
-from .._model.standalone import use_standalone
 from .._model.work_locks import work_lock
 
 
@@ -106,7 +104,3 @@ def fold(records: list[Record], name: str) -> Record:
             reasons = sorted({r.reason for r in records if r.status is status and r.reason})
             return Record("group", name, name, status, "; ".join(reasons) or None, name)
     return Record("group", name, name, Status.SKIPPED, "declares no patch", name)
-
-
-# Registered, never injected: the declarations call what is handed to them.
-use_standalone(sys.modules[__name__])

@@ -1,15 +1,16 @@
 """The seam between the declarations and what applies one of them alone.
 
 The DrivingSDK patcher's ``AtomicPatch(...).apply()`` and ``Patch.apply_all()`` run
-on a Patcher of their own (``_compat.per_patch``, in the compat layer). The Patcher imports
-the declarations, so the declarations never import it, nor look it up: the compat
-layer hands itself over (:func:`use_standalone`) when the package is imported, and
-the declarations call what they were given (docs/core.md: no circles, run time
-included).
+on a Patcher of their own (``_compat.per_patch``). The Patcher imports the
+declarations, so the declarations never import it, nor look it up: the package root
+hands over how to load it (:func:`use_standalone`) and the declarations call what
+that gives, on first use (docs/core.md: no circles, run time included). Most
+programs never apply a patch alone, so none of it is imported at start-up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -34,17 +35,21 @@ if TYPE_CHECKING:
 
 __all__ = ["standalone", "use_standalone"]
 
+_load: Callable[[], Standalone] | None = None
 _runner: Standalone | None = None
 
 
-def use_standalone(runner: Standalone) -> None:
-    """Set what :meth:`AtomicPatch.apply` and :meth:`Patch.apply_all` run on."""
-    global _runner
-    _runner = runner
+def use_standalone(load: Callable[[], Standalone]) -> None:
+    """Set how to get what :meth:`AtomicPatch.apply` and :meth:`Patch.apply_all` run on."""
+    global _load, _runner
+    _load, _runner = load, None
 
 
 def standalone() -> Standalone:
-    """What :func:`use_standalone` was given."""
-    if _runner is None:  # pragma: no cover - ascend_patch_core registers it
-        raise RuntimeError("import ascend_patch_core first")
+    """What the ``load`` given to :func:`use_standalone` returns (called once)."""
+    global _runner
+    if _runner is None:
+        if _load is None:  # pragma: no cover - ascend_patch_core registers it
+            raise RuntimeError("import ascend_patch_core first")
+        _runner = _load()
     return _runner
