@@ -276,3 +276,72 @@ def test_only_the_install_layer_writes_the_installer_state() -> None:
     ]
 
     assert not offenders, "the Installer's state written from outside:\n" + "\n".join(offenders)
+
+
+# ----------------------------------------------------------------------------- folders and layers
+
+#: The core's layers, lowest first: a module may depend on its own folder and on the
+#: folders before its own, never after (every kind of edge counted, as above). The
+#: package root (``ascend_patch_core/__init__.py``, the public API) sits between the
+#: engine's layers and the commands. docs/core.md shows the same order.
+LAYERS = (
+    "_model",
+    "imports",
+    "_discovery",
+    "_install",
+    "_engine",
+    "_compat",
+    CORE,
+    "_scan",
+    "_cli",
+)
+
+
+def layer_of(module: str) -> str:
+    """The layer a core module belongs to: its folder, or the root for the package itself."""
+    folder = module.removeprefix(CORE).lstrip(".").partition(".")[0]
+    return folder or CORE
+
+
+def test_every_module_sits_in_a_layer_folder() -> None:
+    """No flat module beside the root __init__, and every folder of the core is one of the layers."""
+    root = REPO / CORE
+    flat = sorted(p.name for p in root.glob("*.py") if p.name != "__init__.py")
+    folders = {p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__"}
+
+    assert not flat, f"modules outside the layer folders: {flat}"
+    assert folders == set(LAYERS) - {CORE}, (
+        "a new folder needs its place in LAYERS (and docs/core.md)"
+    )
+
+
+def test_no_layer_depends_on_a_layer_above_it() -> None:
+    """Every edge (imports at any depth, TYPE_CHECKING, by name, injected) goes to the same layer or one below."""
+    graph = edges(core_sources())
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+
+    upward = [
+        f"{a} -> {b} ({why})"
+        for a, targets in graph.items()
+        for b, why in targets.items()
+        if rank[layer_of(b)] > rank[layer_of(a)]
+    ]
+
+    assert not upward, "edges to a higher layer:\n" + "\n".join(sorted(upward))
+
+
+def test_docs_map_matches_the_folders() -> None:
+    """docs/core.md's map lists the layer folders in LAYERS order, each with exactly its modules."""
+    text = (REPO / "docs" / "core.md").read_text(encoding="utf-8")
+    block = text.split("<!-- folders -->")[1]
+    rows = [line.split() for line in block.splitlines() if line.startswith("  ")]
+    listed = {row[0].rstrip("/"): set(row[1:]) for row in rows if row[0].endswith("/")}
+    order = [row[0].rstrip("/") for row in rows if row[0].endswith("/") or row[0] == "__init__.py"]
+
+    actual = {
+        folder: {p.stem for p in (REPO / CORE / folder).glob("*.py") if p.stem != "__init__"}
+        for folder in LAYERS
+        if folder != CORE
+    }
+    assert listed == actual
+    assert order == ["__init__.py" if layer == CORE else layer for layer in LAYERS]
