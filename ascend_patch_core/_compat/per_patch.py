@@ -6,9 +6,9 @@ patch or group applied alone gets a Patcher of its own, so it is lazy and revers
 like everything else: ``apply()`` returns the patch's record, which says ``pending``
 until the target module is imported, and ``revert()`` undoes it.
 
-The declarations (``_model.patch``) cannot import the Patcher (it imports them); this
-module registers itself with them (``_model.standalone.use_standalone``) when the package is
-imported.
+The declarations (``_model.patch``) cannot import the Patcher (it imports them): the
+package root tells them how to load this module (``_model.standalone``), which they
+do on first use.
 """
 
 from __future__ import annotations
