@@ -8,10 +8,16 @@ flavour, reached two ways: ``DeformConv2dFunction.apply`` /
 variants call. The group replaces both, for NPU tensors (``runtime_check``).
 
 Kernel (:mod:`ascend_patch_mmcv.kernel_source`, ops ``deform_conv2d`` and
-``modulated_deform_conv2d``): DrivingSDK's kernel within its domain (3x3 kernels,
-channels multiples of 64; elsewhere mmcv's own code runs, which calls torch_npu on
-an NPU), else ``torch_npu.npu_deformable_conv2d`` with its autograd backward, else
-the portable PyTorch implementation (:mod:`ascend_patch_mmcv.deform_conv_kernels`).
+``modulated_deform_conv2d``): DrivingSDK's kernel, else
+``torch_npu.npu_deformable_conv2d`` with its autograd backward, else the portable
+PyTorch implementation (:mod:`ascend_patch_mmcv.deform_conv_kernels`).
+
+DrivingSDK's kernel takes only 3x3 kernels with channels multiples of 64. Outside
+that domain the mx_driving replacement runs the torch_npu kernel (the portable one if
+torch_npu cannot be imported) rather than handing the call back to mmcv: mmcv's NPU
+branch passes offsets larger than the output (mmdet's DyHead) to torch_npu as they
+are, which torch_npu refuses, while ours passes the values mmcv's CUDA kernel reads.
+The patch note says so (:data:`MX_DRIVING_NOTE`).
 """
 
 from __future__ import annotations
@@ -26,10 +32,9 @@ from . import deform_conv_kernels
 from . import kernel_source
 
 
-__all__ = ["deform_conv_patches", "modulated_deform_conv_patches"]
+__all__ = ["MX_DRIVING_NOTE", "deform_conv_patches", "modulated_deform_conv_patches"]
 
 _KERNELS: dict[str, Callable[..., Any]] = {
-    kernel_source.MX_DRIVING: deform_conv_kernels.mx_driving_kernel,
     kernel_source.TORCH_NPU: deform_conv_kernels.torch_npu_kernel,
     kernel_source.PORTABLE: deform_conv_kernels.portable,
 }
@@ -40,16 +45,34 @@ def _on_npu(tensor: Any) -> bool:
     return getattr(tensor, "is_npu", False) is True
 
 
-def _check(source: str, modulated: bool) -> Callable[..., bool]:
-    def check(input: Any, offset: Any, *rest: Any, **kwargs: Any) -> bool:
-        if not (_on_npu(input) and _on_npu(offset)):
-            return False
-        if source != kernel_source.MX_DRIVING:
-            return True
-        weight = rest[1] if modulated else rest[0]
-        return deform_conv_kernels.mx_driving_supports(input, weight, modulated)
+#: The note of the mx_driving replacement: the report must not claim DrivingSDK's
+#: kernel for the calls outside its domain.
+MX_DRIVING_NOTE = (
+    f"{kernel_source.note(kernel_source.MX_DRIVING)} "
+    "(torch_npu outside 3x3 kernels with channels multiples of 64)"
+)
 
-    return check
+
+def _check(input: Any, offset: Any, *rest: Any, **kwargs: Any) -> bool:
+    return _on_npu(input) and _on_npu(offset)
+
+
+def _mx_driving_or_else(modulated: bool) -> Callable[..., Any]:
+    """DrivingSDK's kernel where it takes the shapes, torch_npu's (else ours) elsewhere."""
+    # mx_driving imports torch_npu, so the portable kernel is only for a torch_npu that
+    # cannot be imported at all (decided once, as the source itself).
+    elsewhere = (
+        deform_conv_kernels.torch_npu_kernel
+        if kernel_source.importable(kernel_source.TORCH_NPU)
+        else deform_conv_kernels.portable
+    )
+
+    def kernel(input: Any, offset: Any, mask: Any, weight: Any, *rest: Any) -> Any:
+        if deform_conv_kernels.mx_driving_supports(input, weight, modulated):
+            return deform_conv_kernels.mx_driving_kernel(input, offset, mask, weight, *rest)
+        return elsewhere(input, offset, mask, weight, *rest)
+
+    return kernel
 
 
 def _deform_conv2d(kernel: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,21 +145,23 @@ def _patches(
     module: str, function_class: str, function: str, op: str, modulated: bool
 ) -> Iterator[AtomicPatch]:
     source = kernel_source.choose(op)
-    note = kernel_source.note(source)
+    if source == kernel_source.MX_DRIVING:
+        kernel, note = _mx_driving_or_else(modulated), MX_DRIVING_NOTE
+    else:
+        kernel, note = _KERNELS[source], kernel_source.note(source)
     make = _modulated_deform_conv2d if modulated else _deform_conv2d
-    replacement = make(_KERNELS[source])
-    check = _check(source, modulated)
+    replacement = make(kernel)
     yield AtomicPatch(
         f"{module}:{function_class}.apply",
         _as_classmethod(replacement),
-        runtime_check=lambda cls, *args, **kwargs: check(*args, **kwargs),
+        runtime_check=lambda cls, *args, **kwargs: _check(*args, **kwargs),
         note=note,
     )
     yield AtomicPatch(
         f"{module}:{function}",
         replacement,
         aliases=f"mmcv.ops:{function}",
-        runtime_check=check,
+        runtime_check=_check,
         note=note,
     )
 

@@ -42,6 +42,7 @@ __all__ = [
     "VARIABLE",
     "choose",
     "forget_choices",
+    "importable",
     "mx_driving",
     "note",
 ]
@@ -68,7 +69,8 @@ def _mx_driving_has(names: Sequence[str]) -> bool:
     )
 
 
-def _importable(module: str) -> bool:
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (module docstring)."""
     if module in sys.modules:
         return sys.modules[module] is not None
     try:
@@ -113,7 +115,7 @@ def choose(op: str, sources: Sequence[str] = SOURCES, mx_names: Sequence[str] = 
     def available(source: str) -> bool:
         if source == PORTABLE:
             return True
-        return _importable(source) and (source != MX_DRIVING or _mx_driving_has(names))
+        return importable(source) and (source != MX_DRIVING or _mx_driving_has(names))
 
     with _lock:
         if op in _chosen:

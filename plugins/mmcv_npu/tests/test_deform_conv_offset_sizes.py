@@ -4,7 +4,9 @@ mmcv's DCNv2 kernels read each sample's offset and mask as ``[C, Ho, Wo]`` from 
 start of its memory, whatever their shape (DyHead's ``spatial_conv_high`` passes the
 offsets of the larger level); every kernel source here reads the same values. Fewer
 values than the output needs (mmcv would read past the tensor) and a DCNv1 offset of
-the wrong size (mmcv checks it) are errors. The end-to-end check on mmdet's DyHead is
+the wrong size (mmcv checks it) are errors. Outside DrivingSDK's domain the mx_driving
+replacement serves such a call with torch_npu's kernel (the last test; needs mmcv's
+ops, nox session ``openmmlab_cpu_ops``). The end-to-end check on mmdet's DyHead is
 test_mmdet_models_emulated.py.
 """
 
@@ -72,3 +74,61 @@ def test_a_dcnv1_offset_of_another_size_is_an_error_as_in_mmcv():
     x, offset, _, weight, _ = _inputs(16)
     with pytest.raises(RuntimeError, match=r"invalid offset shape \(2, 18, 16, 16\)"):
         deform_conv_kernels.portable(x, offset, None, weight, None, 1, 1, 1, 1, 1)
+
+
+def test_mx_driving_replacement_runs_torch_npus_kernel_outside_its_domain(
+    npu_emulator, isolated_patcher, monkeypatch
+):
+    """DyHead's call with 32 channels (DrivingSDK takes multiples of 64), source mx_driving.
+
+    It used to go back to mmcv, whose NPU branch hands torch_npu the 16x16 offsets of an
+    8x8 output: ``offset shape (2, 27, 16, 16) must be (2, 27, 8, 8)`` on an NPU. The
+    replacement now serves it with torch_npu's kernel and the values mmcv reads.
+    """
+    from ascend_patch_mmcv import kernel_source
+    from ascend_patch_mmcv.groups_ops import ModulatedDeformConv
+
+    ops = pytest.importorskip("mmcv.ops.modulated_deform_conv")
+    mx_driving = pytest.importorskip("mx_driving")  # the emulator's
+    import torch_npu
+
+    calls: dict[str, list[tuple[int, ...]]] = {"torch_npu": [], "mx_driving": []}
+    for module, name, key in (
+        (torch_npu, "npu_deformable_conv2d", "torch_npu"),
+        (mx_driving, "modulated_deform_conv2d", "mx_driving"),
+    ):
+        kernel = getattr(module, name)
+
+        def spy(*args, _kernel=kernel, _key=key, **kwargs):
+            calls[_key].append(tuple(args[2].shape))  # torch_npu's offset / DrivingSDK's mask
+            return _kernel(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    monkeypatch.setenv(kernel_source.VARIABLE, kernel_source.MX_DRIVING)
+    kernel_source.forget_choices()
+    try:
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 32, 8, 8, generator=g)
+        weight = torch.randn(32, 32, 3, 3, generator=g) * 0.1
+        bias = torch.randn(32, generator=g)
+        offset = torch.randn(2, 18, 16, 16, generator=g) * 1.5
+        mask = torch.rand(2, 9, 16, 16, generator=g)
+        read = (_as_mmcv_reads(offset, 18), _as_mmcv_reads(mask, 9))
+        expected, expected_grads = _run(deform_conv_kernels.portable, x, *read, weight, bias)
+        isolated_patcher.add(ModulatedDeformConv).apply()
+        tensors = [t.to("npu").requires_grad_() for t in (x, offset, mask, weight, bias)]
+        out = ops.modulated_deform_conv2d(*tensors, 1, 1, 1, 1, 1)
+        out.backward(torch.ones_like(out))
+    finally:
+        kernel_source.forget_choices()
+
+    counters = isolated_patcher.report.get(
+        "mmcv.ops.modulated_deform_conv:modulated_deform_conv2d"
+    ).counters
+    assert (counters.replacement_calls, counters.fallback_calls) == (1, 0)
+    assert calls == {"torch_npu": [(2, 27, 8, 8)], "mx_driving": []}
+    torch.testing.assert_close(out.detach().cpu(), expected, atol=1e-4, rtol=1e-4)
+    for index in (0, 3, 4):  # input, weight, bias; the offsets' are checked above
+        torch.testing.assert_close(
+            tensors[index].grad.cpu(), expected_grads[index], atol=1e-4, rtol=1e-4
+        )
