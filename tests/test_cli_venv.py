@@ -235,7 +235,8 @@ def test_doctor_finds_the_three_plugins_and_the_broken_one(venv: Venv, tmp_path:
     assert sorted(plugins) == sorted([*FIRST_PARTY, "apx_broken", "apx_probe"])
     for name, distribution in FIRST_PARTY.items():
         plugin = plugins[name]
-        assert plugin["status"] == "loaded", plugin
+        # None of their libraries (torch, mmcv, transformers) is in this venv: listed, idle.
+        assert plugin["status"] == "idle", plugin
         assert plugin["distribution"].replace("_", "-").lower() == distribution
         assert plugin["entry_point"].startswith(f"{name} = ")
     probe = plugins["apx_probe"]

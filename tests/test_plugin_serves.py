@@ -254,3 +254,23 @@ def test_scan_still_reads_code_with_the_plugins_of_absent_libraries(
     )
     plugins = {p["name"]: p["status"] for p in json.loads(done.stdout)["plugins"]}
     assert plugins[ep] == "loaded"
+
+
+def test_enable_by_api_loads_an_idle_plugin_holding_the_group(tmp_path: Path) -> None:
+    """Patcher.enable("CollectionsCompat") where mmcv is absent: the mmcv plugin, idle
+    otherwise, is loaded and its opt-in group serves old code (as ASCEND_PATCH_ENABLE does)."""
+    program = tmp_path / "old_code.py"
+    program.write_text(
+        "import ascend_patch_core\n"
+        "patcher = ascend_patch_core.Patcher(autoload=True).enable('CollectionsCompat')\n"
+        "patcher.apply()\n"
+        "from collections import Iterable\n"
+        "print('old code ran', Iterable)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH_")}
+    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run(
+        [sys.executable, str(program)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "old code ran" in done.stdout

@@ -69,6 +69,9 @@ _THIRD_PARTY = {
         """,
 }
 
+#: How a plugin none of whose served libraries is installed is reported.
+IDLE = "none of the libraries it serves is installed"
+
 _PROBE = """
 import json, sys
 import ascend_patch_core
@@ -149,7 +152,9 @@ def test_apply_discovers_first_and_third_party_plugins_and_applies_with_provenan
     plugins = result["plugins"]
     assert sorted(plugins) == sorted([*FIRST_PARTY, EP])
     for name, distribution in FIRST_PARTY.items():
-        assert plugins[name]["status"] == "applied", plugins[name]
+        # None of their libraries is in this venv: found, with provenance, and left unimported.
+        assert plugins[name]["status"] == "skipped", plugins[name]
+        assert plugins[name]["reason"].startswith(IDLE), plugins[name]
         assert plugins[name]["provenance"]["distribution"].replace("_", "-").lower() == distribution
     third = plugins[EP]
     assert third["status"] == "applied", third
@@ -200,9 +205,8 @@ def test_switches_keep_the_third_party_plugin_out(
     allow = env.get("ASCEND_PATCH_PLUGINS") or kwargs.get("plugins")
     everything_off = env.get("ASCEND_PATCH_DISABLE") == "*"
     for name in FIRST_PARTY:
-        expected = (
-            "applied" if not everything_off and (allow is None or name == allow) else "skipped"
-        )
+        # Idle (no library of theirs in this venv) unless the allow-list names them.
+        expected = "applied" if not everything_off and name == allow else "skipped"
         assert plugins[name]["status"] == expected, (name, plugins[name])
 
 

@@ -173,7 +173,7 @@ def load_plugins(
     keep it from being imported at all; the others (patch names) are not plugins and
     are not reported as unknown here. ``skip_idle``: a plugin none of whose served
     libraries is installed (:mod:`.plugin_serves`) is not imported, unless
-    ``ASCEND_PATCH_PLUGINS`` names it.
+    ``ASCEND_PATCH_PLUGINS`` names it or ``ASCEND_PATCH_ENABLE`` names any group.
 
     Returns the healthy plugins with their declarations, a record per plugin
     (including broken and disabled ones), and warnings.
@@ -194,7 +194,10 @@ def load_plugins(
         infos = cache.entry_points(_hookspecs.PROJECT_NAME, also=(SERVES_GROUP,))
     hidden = cache.shadowed_entry_points(_hookspecs.PROJECT_NAME) if infos else []
     served: dict[str, tuple[str, ...]] = {}
-    if infos and skip_idle:
+    # An opt-in group named in ASCEND_PATCH_ENABLE may be an idle plugin's (CollectionsCompat
+    # serves old code whether or not mmcv is installed); which plugin holds it is known only
+    # once plugins are imported, so naming any group loads the idle plugins too.
+    if infos and skip_idle and not selection.enable:
         served, stray = served_by(cache, infos, hidden)
         warnings.extend(stray)
     for dropped in hidden:

@@ -60,11 +60,12 @@ class PluginDeclarations:
 
 
 def load_declarations(
-    selection: PluginSelection, autoload: bool, disabled: Iterable[str]
+    selection: PluginSelection, autoload: bool, disabled: Iterable[str], load_idle: bool = False
 ) -> PluginDeclarations:
     """Load the selected plugins (entry points only with ``autoload``) and gather their declarations.
 
     Plugins named in ``disabled`` (by entry-point or distribution name) are never imported.
+    ``load_idle``: plugins none of whose served libraries is installed are loaded too.
     """
     if not autoload:
         selection = PluginSelection(
@@ -77,7 +78,9 @@ def load_declarations(
             selection.timeout,
         )
     disabled = set(disabled)
-    plugins, records, warnings = load_plugins(selection, metadata, disabled)
+    plugins, records, warnings = load_plugins(
+        selection, metadata, disabled, skip_idle=not load_idle
+    )
     found = PluginDeclarations()
     found.records, found.warnings = records, warnings
     for plugin in plugins:  # load_plugins has left the disabled ones out
