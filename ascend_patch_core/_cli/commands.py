@@ -88,7 +88,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
             "  ascend-patch run --emulate-npu train.py  run its NPU code paths on the CPU\n"
             "  ascend-patch report -v                   apply every plugin here and list every record\n"
             "\n"
-            "'ascend-patch COMMAND --help' describes a command; docs/cli.md all of them.\n"
+            "'ascend-patch COMMAND --help' describes a command; docs/cli.md the common tasks,\n"
+            "docs/cli-reference.md every option.\n"
             "'python -m ascend_patch_core' is the same command."
         ),
     )
@@ -383,7 +384,7 @@ def _scan(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> int:
         load_idle=True,
     )
     # Files done / total on stderr, only where a person watches it: never in a pipe,
-    # a log or with --json (docs/cli.md, "Progress").
+    # a log or with --json (docs/cli-reference.md, "Progress").
     progress = Progress(None if ns.json else sys.stderr, "scanning")
     try:
         result = _scan.scan(
