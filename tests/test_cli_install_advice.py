@@ -16,6 +16,7 @@ test adds them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -60,8 +61,14 @@ def make_venv(root: Path, *, from_clone: bool, plugins: tuple[str, ...] = ()) ->
                 shutil.copytree(entry, site / name)
             else:
                 shutil.copy(entry, site / name)
-        elif name.split("-")[0] in ("pluggy", "packaging"):
-            os.symlink(entry, site / name)
+    # pluggy and packaging wherever this environment imports them from: its own
+    # site-packages, or the shared base it is layered on (devenv.py, docs/dev.md).
+    for package in ("pluggy", "packaging"):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin is not None
+        for entry in Path(spec.origin).parents[1].iterdir():
+            if entry.name.split("-")[0] == package and not (site / entry.name).exists():
+                os.symlink(entry, site / entry.name)
     (core_info,) = site.glob("ascend_patch_core-*.dist-info")
     direct_url = json.loads((core_info / "direct_url.json").read_text())
     assert direct_url["url"] == REPO.as_uri(), direct_url  # the premise: an editable clone

@@ -200,6 +200,7 @@ def test_the_plugins_variable_with_a_typo_is_named_as_the_variable(
     assert "did you mean 'mmcv'?" in done.stderr
 
 
+@pytest.mark.torch  # the torch plugin is idle without torch: its groups, its note
 def test_run_says_a_disable_typo_without_verbose(tmp_path: Path, program: Path) -> None:
     """A --disable name that matches nothing: the program runs, and one stderr line says so."""
     done = run(cli("run", "--disable", "CudaAip", "prog.py"), tmp_path, clean_env(tmp_path))
@@ -432,6 +433,7 @@ def no_torch_npu() -> None:
         pytest.skip("torch_npu is installed here: the redirects are active")
 
 
+@pytest.mark.torch  # the torch plugin is idle without torch: its groups, its note
 def test_run_without_torch_npu_says_once_that_the_redirects_are_inactive(
     tmp_path: Path, no_torch_npu: None
 ) -> None:

@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 
 def write_plugin(site: Path, dist: str, entry_point: str, modules: dict[str, str]) -> None:
     info = site / f"{dist.replace('-', '_')}-0.1.0.dist-info"
@@ -92,6 +94,7 @@ USER_PROGRAM = """
     """
 
 
+@pytest.mark.torch  # the torch plugin is idle without torch: fewer plugin records to summarise
 def test_print_report_leads_with_the_users_patch_and_summarises_plugins(tmp_path: Path) -> None:
     """print(report) lists the user's patch on line 2, a plugin's failure in full, one line per plugin for the rest."""
     site = tmp_path / "site"
