@@ -209,7 +209,12 @@ def run_in_parallel(
                     sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))
                 verdict = "passed" if code == 0 else "FAILED"
                 where = log.relative_to(ROOT) if log.is_relative_to(ROOT) else log
-                step(f"[{len(results)}/{total}] {name}: {verdict} in {minutes(seconds)} ({where})")
+                # The session's own number, as on its "started" line; the count finished after.
+                number = sessions.index(name) + 1
+                step(
+                    f"[{number}/{total}] {name}: {verdict} in {minutes(seconds)} "
+                    f"({where}; {len(results)} of {total} done)"
+                )
             if not done:
                 now = time.monotonic()
                 running = [

@@ -75,7 +75,11 @@ def test_run_in_parallel_says_when_each_session_starts_and_ends(tmp_path, capsys
     assert "dev.py: [1/3] slow: started" in lines
     assert "dev.py: [2/3] quick: started" in lines
     assert any(line.startswith("dev.py: still running: slow (") for line in lines)
-    assert any(re.match(r"dev\.py: \[\d/3\] quick: passed in \d+ s \(", line) for line in lines)
+    # The end line carries the session's own number (as its start line) and the count done.
+    assert any(
+        re.match(r"dev\.py: \[2/3\] quick: passed in \d+ s \(.*; \d of 3 done\)$", line)
+        for line in lines
+    )
     assert any(re.match(r"dev\.py: \[\d/3\] broken: FAILED in \d+ s \(", line) for line in lines)
     assert "log of broken" in out and "log of quick" not in out
     # The start line comes before that session's end line.
