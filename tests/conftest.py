@@ -23,6 +23,13 @@ from ascend_patch_core import Patcher
 from ascend_patch_core.imports._hub import hub
 
 
+# Helper modules beside the tests (cycles.py) are imported by name: --import-mode=importlib
+# does not put this directory on sys.path.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+
 _counter = itertools.count()
 
 PackageFactory = Callable[..., str]

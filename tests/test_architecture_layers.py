@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cycles import find_cycles
+
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = "ascend_patch_core"
@@ -141,56 +143,6 @@ def edges(sources: dict[str, Source], top: str = CORE) -> dict[str, dict[str, st
     return graph
 
 
-def cycles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
-    """One closed path per strongly connected component of more than one module."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def connect(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(graph[node]):
-            if nxt not in index:
-                connect(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(_closed_path(graph, sorted(component)))
-
-    for node in sorted(graph):
-        if node not in index:
-            connect(node)
-    return found
-
-
-def _closed_path(graph: dict[str, dict[str, str]], component: list[str]) -> list[str]:
-    start, members = component[0], set(component)
-    paths = {start: [start]}
-    queue = [start]
-    while queue:
-        node = queue.pop(0)
-        for nxt in sorted(graph[node]):
-            if nxt == start:
-                return [*paths[node], start]
-            if nxt in members and nxt not in paths:
-                paths[nxt] = [*paths[node], nxt]
-                queue.append(nxt)
-    raise AssertionError(component)  # pragma: no cover - a component is strongly connected
-
-
 def _describe(graph: dict[str, dict[str, str]], cycle: list[str]) -> str:
     return (
         " -> ".join(f"{a} ({graph[a][b]})" for a, b in itertools.pairwise(cycle))
@@ -228,7 +180,7 @@ def test_hidden_edges_are_counted(tmp_path: Path) -> None:
 
     graph = edges(sources, "pkg")
 
-    assert sorted(cycles(graph)) == [
+    assert sorted(find_cycles(graph)) == [
         ["pkg.a", "pkg.b", "pkg.a"],
         ["pkg.c", "pkg.d", "pkg.c"],
         ["pkg.e", "pkg.f", "pkg.e"],
@@ -243,7 +195,7 @@ def test_no_circle_in_the_core_counting_every_edge() -> None:
     """No circle among the core's modules, TYPE_CHECKING, in-function, by-name and injected edges included."""
     graph = edges(core_sources())
 
-    described = [_describe(graph, cycle) for cycle in cycles(graph)]
+    described = [_describe(graph, cycle) for cycle in find_cycles(graph)]
 
     assert not described, "circles in the core:\n" + "\n".join(described)
 
