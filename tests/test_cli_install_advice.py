@@ -16,16 +16,14 @@ test adds them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+from bare_venv import make_bare_venv
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,31 +42,7 @@ def _fake_dist(site: Path, name: str, version: str, module: str | None = None) -
 
 def make_venv(root: Path, *, from_clone: bool, plugins: tuple[str, ...] = ()) -> Path:
     """A venv with the core (installed from the clone, or as if from an index) and ``plugins``."""
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    subprocess.run([base, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
-    python = root / "bin" / "python"
-    site = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()
-    )  # fmt: skip
-    wanted = ("ascend_patch_core", *plugins)
-    for entry in HERE.iterdir():
-        name = entry.name
-        if name.lstrip("_").startswith(wanted) and name.endswith((".pth", ".dist-info")):
-            if entry.is_dir():
-                shutil.copytree(entry, site / name)
-            else:
-                shutil.copy(entry, site / name)
-    # pluggy and packaging wherever this environment imports them from: its own
-    # site-packages, or the shared base it is layered on (devenv.py, docs/dev.md).
-    for package in ("pluggy", "packaging"):
-        spec = importlib.util.find_spec(package)
-        assert spec is not None and spec.origin is not None
-        for entry in Path(spec.origin).parents[1].iterdir():
-            if entry.name.split("-")[0] == package and not (site / entry.name).exists():
-                os.symlink(entry, site / entry.name)
+    python, site = make_bare_venv(root, ("ascend_patch_core", *plugins))
     (core_info,) = site.glob("ascend_patch_core-*.dist-info")
     direct_url = json.loads((core_info / "direct_url.json").read_text())
     assert direct_url["url"] == REPO.as_uri(), direct_url  # the premise: an editable clone

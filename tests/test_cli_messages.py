@@ -20,12 +20,12 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bare_venv import make_bare_venv
 
 from ascend_patch_core import PatchDefinitionError
 from ascend_patch_core import Patcher
@@ -356,38 +356,10 @@ def test_doctor_says_a_read_only_cache_directory_is_not_writable(tmp_path: Path)
 def no_torch_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh virtual environment with the core, the plugins, pluggy and packaging -- no torch.
 
-    Built in a second by linking this environment's packages in (the editable installs'
-    .pth files and dist-info directories, pluggy, packaging), instead of pip.
+    Built in a second by linking this environment's installs in (tests/bare_venv.py).
     """
     root = tmp_path_factory.mktemp("no-torch")
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    subprocess.run(
-        [base, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120
-    )
-    python = root / "venv" / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    here = Path(sysconfig.get_paths()["purelib"])
-    target = Path(purelib)
-    for entry in here.iterdir():
-        name = entry.name
-        if name.startswith(("_ascend_patch_", "ascend_patch_")) and name.endswith(
-            (".pth", ".dist-info")
-        ):
-            if entry.is_dir():
-                shutil.copytree(entry, target / name)
-            else:
-                shutil.copy(entry, target / name)
-    # pluggy and packaging wherever this environment imports them from: its own
-    # site-packages, or the shared base it is layered on (devenv.py, docs/dev.md).
-    for package in ("pluggy", "packaging"):
-        spec = importlib.util.find_spec(package)
-        assert spec is not None and spec.origin is not None
-        for entry in Path(spec.origin).parents[1].iterdir():
-            if entry.name.split("-")[0] == package and not (target / entry.name).exists():
-                os.symlink(entry, target / entry.name)
+    python, _ = make_bare_venv(root / "venv", ("ascend_patch_",))
     check = subprocess.run([str(python), "-c", "import torch"], capture_output=True, timeout=60)
     assert check.returncode != 0, "torch is importable in the torch-free environment"
     yield python
