@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .._model.errors import PatchError
-from .._model.errors import SkipPatch
 from .._model.report import APPLIED
 from .._model.report import FAILED
 from .._model.report import PENDING
@@ -47,18 +46,18 @@ from .entries import Site
 from .entries import Skip
 from .entries import push_layer
 from .entries import who
-from .replacement import build_replacement
+from .replacement import DESCRIPTORS
+from .replacement import counter
+from .replacement import replacement_for
 from .replacement import wrapper_maker
 from .stale import module_ids
 from .target import ABSENT
 from .target import Missing
 from .target import Slot
 from .target import Waiting
-from .target import adapt_to_descriptor
 from .target import candidate_modules
 from .target import engine_owned
 from .target import initializing_prefixes
-from .target import inner_callable
 from .target import resolve
 from .target import resolve_global
 from .target import settle_initializing
@@ -68,7 +67,6 @@ __all__ = ["Installer"]
 
 #: What _build returns when nothing is to go into the slot.
 _NOT_INSTALLED = object()
-_DESCRIPTORS = (staticmethod, classmethod, property)
 _FUNCTION = types.FunctionType
 
 
@@ -277,7 +275,7 @@ class Installer:
         make_wrapper = (
             wrapper_maker() if any(e.patch.runtime_check is not None for e in entries) else None
         )
-        count = _counter() if self.count_calls else None
+        count = counter() if self.count_calls else None
         with self.ledger.lock:
             modules_before = module_ids()
             for entry in entries:
@@ -296,7 +294,7 @@ class Installer:
                 if not (
                     patch.direct
                     and type(owner) is types.ModuleType
-                    and type(original) not in _DESCRIPTORS
+                    and type(original) not in DESCRIPTORS
                     and not engine_owned(owner)  # refused by _build
                 ):
                     to_build.append((entry, slot))
@@ -388,22 +386,8 @@ class Installer:
                 from .engine_targets import refuse_slot
 
                 refuse_slot(slot, patch.target)
-            original_raw = slot.raw
-            original = (
-                inner_callable(original_raw) if type(original_raw) in _DESCRIPTORS else original_raw
-            )
-            if original is ABSENT:  # a slot that create=True will make
-                original = None
-            if patch.precheck is not None:
-                _run_precheck(patch, original)
-            if patch.plain:  # an object to install as it is: nothing to build
-                replacement = new_inner = patch.replacement
-            else:
-                replacement, new_inner = build_replacement(patch, original, entry.record.counters)
-            if self.count_calls and patch.runtime_check is None:
-                new_inner = _counter()(new_inner, entry.record)
-            new_raw = (
-                adapt_to_descriptor(original_raw, new_inner) if slot.kind == "class" else new_inner
+            original, replacement, new_inner, new_raw = replacement_for(
+                patch, slot.raw, slot.kind == "class", entry.record, self.count_calls
             )
             entry.original, entry.replacement, entry.new_inner = original, replacement, new_inner
             snapshot = self._snapshot
@@ -485,27 +469,9 @@ class Installer:
             self.advance_dependents(entry)
 
 
-def _run_precheck(patch: Any, original: Any) -> None:
-    try:
-        ok = patch.call_precheck(original)
-    except SkipPatch as skip:
-        raise Skip(str(skip) or "precheck skipped the patch") from skip
-    except (Exception, SystemExit) as exc:  # a plugin's sys.exit() fails its patch only
-        raise PatchError(f"precheck raised {type(exc).__name__}: {exc}") from exc
-    if not ok:
-        raise Skip("precheck returned False")
-
-
 def _deepest_loaded(prefixes: tuple[str, ...]) -> str | None:
     """The innermost of a target's leading modules that is loaded (the one imported now)."""
     return next((name for name in reversed(prefixes) if name in sys.modules), None)
-
-
-def _counter() -> Callable[[Any, Any], Any]:
-    """``counted`` (loaded when counting is on: off, the installer never needs it)."""
-    from .counting import counted
-
-    return counted
 
 
 def _may_be_lazy(inner: Any) -> bool:

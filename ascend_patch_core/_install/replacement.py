@@ -12,14 +12,63 @@ from collections.abc import Callable
 from typing import Any
 
 from .._model.errors import PatchError
+from .._model.errors import SkipPatch
 from .._model.patch import AtomicPatch
 from .._model.report import CallCounters
+from .._model.report import Record
 from .entries import Skip
+from .target import ABSENT
+from .target import adapt_to_descriptor
 from .target import inner_callable
 from .target import resolve_string
 
 
-__all__ = ["build_replacement", "wrapper_maker"]
+__all__ = ["DESCRIPTORS", "build_replacement", "counter", "replacement_for", "wrapper_maker"]
+
+#: Class attributes whose function is inside (the replacement goes back in the same kind).
+DESCRIPTORS = (staticmethod, classmethod, property)
+
+
+def replacement_for(
+    patch: AtomicPatch, original_raw: Any, in_class: bool, record: Record, count_calls: bool
+) -> tuple[Any, Any, Any, Any]:
+    """``(original, replacement, new_inner, new_raw)`` for a slot holding ``original_raw``.
+
+    Runs the precheck, builds the replacement (counted when ``count_calls`` and it has
+    no runtime_check) and, for a class attribute, wraps it as the original was
+    (``new_raw``, what goes in the slot). Raises :class:`Skip` or :class:`PatchError`.
+    """
+    original = inner_callable(original_raw) if type(original_raw) in DESCRIPTORS else original_raw
+    if original is ABSENT:  # a slot that create=True will make
+        original = None
+    if patch.precheck is not None:
+        _run_precheck(patch, original)
+    if patch.plain:  # an object to install as it is: nothing to build
+        replacement = new_inner = patch.replacement
+    else:
+        replacement, new_inner = build_replacement(patch, original, record.counters)
+    if count_calls and patch.runtime_check is None:
+        new_inner = counter()(new_inner, record)
+    new_raw = adapt_to_descriptor(original_raw, new_inner) if in_class else new_inner
+    return original, replacement, new_inner, new_raw
+
+
+def _run_precheck(patch: AtomicPatch, original: Any) -> None:
+    try:
+        ok = patch.call_precheck(original)
+    except SkipPatch as skip:
+        raise Skip(str(skip) or "precheck skipped the patch") from skip
+    except (Exception, SystemExit) as exc:  # a plugin's sys.exit() fails its patch only
+        raise PatchError(f"precheck raised {type(exc).__name__}: {exc}") from exc
+    if not ok:
+        raise Skip("precheck returned False")
+
+
+def counter() -> Callable[[Any, Any], Any]:
+    """``counted`` (loaded when counting is on: off, the installer never needs it)."""
+    from .counting import counted
+
+    return counted
 
 
 def build_replacement(
