@@ -1,6 +1,6 @@
-"""Every patch group of the plugin: its name, requirements and documentation.
+"""Every patch group of the plugin, listed in :data:`GROUPS`, and every import rule, in :func:`import_rules`.
 
-``apply()`` imports this module; it imports no patch family. A group's
+``apply()`` imports this module; it imports no patch family and no library. A group's
 ``patches()`` imports its family only when the core builds the group, which it
 does only once the group's ``requires`` hold (and the group is not disabled): on a
 machine without torch_npu the group costs a metadata lookup and nothing else.
@@ -9,13 +9,18 @@ machine without torch_npu the group costs a metadata lookup and nothing else.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import Patch
 
 
-__all__ = ["FusedRMSNorm"]
+if TYPE_CHECKING:
+    from ascend_patch_core import ImportRule
+
+
+__all__ = ["GROUPS", "FusedRMSNorm", "import_rules"]
 
 
 class FusedRMSNorm(Patch):
@@ -35,3 +40,26 @@ class FusedRMSNorm(Patch):
         from .norm import rms_norm_patches
 
         return rms_norm_patches(options)
+
+
+#: Every group, in the order the report lists them: the one list ``plugin.py`` returns.
+#: A plugin with many groups may keep one area's classes in ``groups_<area>.py`` and
+#: import them here by name; the order is still written once, here.
+GROUPS: tuple[type[Patch], ...] = (FusedRMSNorm,)
+
+
+def import_rules() -> list[ImportRule]:
+    """Every import rule of the plugin (this one has none).
+
+    A module served where a library is missing lives in ``served/`` and is named for the
+    library it stands in for; its rule names the factory as a literal string::
+
+        from ascend_patch_core import ReplaceImport  # the rule machinery: only here
+
+        return [ReplaceImport("foo_ext", "ascend_patch_foo.served.foo_ext:build", when_missing=True)]
+
+    The rule classes are imported inside this function: declaring a rule loads the
+    core's rule machinery, which a plugin without rules should not make every
+    ``apply()`` pay for.
+    """
+    return []
