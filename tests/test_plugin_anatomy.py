@@ -122,7 +122,8 @@ def test_package_has_init_plugin_and_groups(plugin_dir: Path) -> None:
         node
         for node in parse(package / "__init__.py").body
         if isinstance(node, (ast.Assign, ast.AnnAssign))
-        and "__all__" in ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+        and "__all__"
+        in ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
     ]
     assert exported and ast.unparse(exported[0].value) == "[]", (
         f"{package.name}/__init__.py: the package exports nothing (__all__ = []);"
