@@ -86,7 +86,7 @@ def test_mx_driving_replacement_runs_torch_npus_kernel_outside_its_domain(
     replacement now serves it with torch_npu's kernel and the values mmcv reads.
     """
     from ascend_patch_mmcv import kernel_source
-    from ascend_patch_mmcv.groups_ops import ModulatedDeformConv
+    from ascend_patch_mmcv.groups import ModulatedDeformConv
 
     ops = pytest.importorskip("mmcv.ops.modulated_deform_conv")
     mx_driving = pytest.importorskip("mx_driving")  # the emulator's

@@ -27,7 +27,7 @@ require_stack("mmcv-ops")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import SigmoidFocalLoss  # noqa: E402
+from ascend_patch_mmcv.groups import SigmoidFocalLoss  # noqa: E402
 
 
 focal_loss = require_module("mmdet.models.losses.focal_loss", "mmdet")

@@ -25,9 +25,9 @@ require_stack("mmcv-ops")
 
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import DeformConv  # noqa: E402
-from ascend_patch_mmcv.groups_ops import ModulatedDeformConv  # noqa: E402
-from ascend_patch_mmcv.groups_ops import MultiScaleDeformableAttention  # noqa: E402
+from ascend_patch_mmcv.groups import DeformConv  # noqa: E402
+from ascend_patch_mmcv.groups import ModulatedDeformConv  # noqa: E402
+from ascend_patch_mmcv.groups import MultiScaleDeformableAttention  # noqa: E402
 
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}

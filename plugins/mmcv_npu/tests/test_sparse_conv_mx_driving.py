@@ -24,7 +24,7 @@ require_stack("mmcv-ops")
 
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import SparseConv3D  # noqa: E402
+from ascend_patch_mmcv.groups import SparseConv3D  # noqa: E402
 from ascend_patch_mmcv.sparse_conv import MX_CLASSES  # noqa: E402
 from ascend_patch_mmcv.sparse_conv import REGISTERED  # noqa: E402
 

@@ -26,7 +26,7 @@ require_stack("mmcv-ops")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import SparseConv3D  # noqa: E402
+from ascend_patch_mmcv.groups import SparseConv3D  # noqa: E402
 
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}

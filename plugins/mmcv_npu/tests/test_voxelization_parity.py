@@ -19,7 +19,7 @@ require_stack("mmcv-ops")
 
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import Voxelization  # noqa: E402
+from ascend_patch_mmcv.groups import Voxelization  # noqa: E402
 
 
 @pytest.fixture
