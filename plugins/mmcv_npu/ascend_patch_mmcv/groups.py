@@ -403,5 +403,9 @@ def import_rules() -> list[ImportRule]:
     from ascend_patch_core import ReplaceImport  # the rule machinery: only now
 
     return [
-        ReplaceImport("mmcv._ext", "ascend_patch_mmcv.ext.provider:build_module", when_missing=True)
+        ReplaceImport(
+            "mmcv._ext",
+            "ascend_patch_mmcv.served.mmcv_ext.provider:build_module",
+            when_missing=True,
+        )
     ]

@@ -27,8 +27,8 @@ require_stack("mmcv-ops")
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import deform  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import deform  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}

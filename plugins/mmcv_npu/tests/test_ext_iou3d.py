@@ -33,7 +33,7 @@ geometry = require_module("shapely.geometry", "mmdet3d")
 affinity = require_module("shapely.affinity", "mmdet3d")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import iou3d  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import iou3d  # noqa: E402
 
 
 OURS = SimpleNamespace(**{name: getattr(iou3d, name) for name in iou3d.__all__})

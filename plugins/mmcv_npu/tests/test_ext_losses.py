@@ -30,7 +30,7 @@ require_stack("mmcv-ops")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import losses  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import losses  # noqa: E402
 
 
 focal_loss = require_module("mmdet.models.losses.focal_loss", "mmdet")

@@ -26,8 +26,8 @@ require_stack("mmcv-ops")
 
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import msda  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import msda  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch  # noqa: E402
 
 

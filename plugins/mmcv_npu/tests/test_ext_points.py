@@ -34,7 +34,7 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import points as family  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import points as family  # noqa: E402
 
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}

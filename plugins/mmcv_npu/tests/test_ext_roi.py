@@ -25,8 +25,8 @@ require_stack("mmcv-ops")
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import roi  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import roi  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 
 
 F32 = {"atol": 1e-5, "rtol": 1e-5}

@@ -30,7 +30,7 @@ require_stack("mmcv-ops")
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
 from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import voxel  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import voxel  # noqa: E402
 
 
 OURS = SimpleNamespace(**{name: getattr(voxel, name) for name in voxel.__all__})

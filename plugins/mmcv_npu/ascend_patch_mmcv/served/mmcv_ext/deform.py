@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import deform_conv_kernels
-from .. import kernel_source
+from ... import deform_conv_kernels
+from ... import kernel_source
 from .registry import implements
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .. import kernel_source
+from ... import kernel_source
 from .registry import implements
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import kernel_source
+from ... import kernel_source
 from .registry import implements
 
 

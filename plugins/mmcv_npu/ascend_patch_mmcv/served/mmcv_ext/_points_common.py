@@ -1,4 +1,4 @@
-"""Helpers of the point-cloud ``mmcv._ext`` functions (:mod:`ascend_patch_mmcv.ext.points`)."""
+"""Helpers of the point-cloud ``mmcv._ext`` functions (:mod:`.points`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .. import kernel_source
+from ... import kernel_source
 
 
 __all__ = ["chunks", "mx_driving_for", "on_npu", "planes", "squared_distances"]
