@@ -327,7 +327,7 @@ class NuScenesDataset(Patch):
     ``mmdet3d.datasets.nuscenes_dataset`` (LiDAR boxes) and ``nuscenes_mono_dataset``
     (camera boxes): the same nuScenes boxes, in mmdet3d 1.0's own box convention, with
     the quaternions and velocities of a frame computed at once
-    (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
+    (see :mod:`ascend_patch_mmcv.nuscenes_kernels`).
     """
 
     legacy_name = "nuscenes_dataset"
@@ -338,7 +338,7 @@ class NuScenesDataset(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .nuscenes_patches import nuscenes_dataset_patches
+        from .nuscenes import nuscenes_dataset_patches
 
         return nuscenes_dataset_patches(options)
 
@@ -348,7 +348,7 @@ class NuScenesMetric(Patch):
 
     ``mmdet3d.evaluation.metrics.nuscenes_metric.output_to_nusc_box``, LiDAR and camera
     branches, the same boxes as the installed mmdet3d's
-    (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
+    (see :mod:`ascend_patch_mmcv.nuscenes_kernels`).
     """
 
     legacy_name = "nuscenes_metric"
@@ -357,7 +357,7 @@ class NuScenesMetric(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .nuscenes_patches import nuscenes_metric_patches
+        from .nuscenes import nuscenes_metric_patches
 
         return nuscenes_metric_patches(options)
 
