@@ -1,4 +1,4 @@
-"""Every patch group of the plugin: its name, requirements and documentation.
+"""Every patch group of the plugin (its name, requirements and documentation) and its import rule.
 
 ``apply()`` imports this module; it imports no patch family. A group's
 ``patches()`` imports its family module only when the core builds the group, which it

@@ -1,10 +1,10 @@
 """Patch groups of the plugin: mmcv's ops (see :mod:`ascend_patch_mmcv.groups` for the rules).
 
 :data:`ascend_patch_mmcv.groups.GROUPS` lists them, in report order, with the others;
-users import them from there. Like ``groups``, this module imports no patch family: a group's ``patches()`` imports
-its family module only when the core builds the group. Each op group picks its
-kernel once, when it is built (:mod:`ascend_patch_mmcv._kernel_source`), and says
-which in its patches' note.
+users import them from there. Like ``groups``, this module imports no patch family:
+a group's ``patches()`` imports its family module only when the core builds the
+group. Each op group picks its kernel once, when it is built
+(:mod:`ascend_patch_mmcv._kernel_source`), and says which in its patches' note.
 """
 
 from __future__ import annotations

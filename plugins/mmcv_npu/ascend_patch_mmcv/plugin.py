@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def register_import_rules() -> list[ImportRule]:
-    """``mmcv._ext`` where mmcv has no compiled ops (see :func:`ascend_patch_mmcv.groups.import_rules`)."""
+    """Every import rule of the plugin (:func:`ascend_patch_mmcv.groups.import_rules`)."""
     return list(groups.import_rules())
 
 
