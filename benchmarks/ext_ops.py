@@ -38,7 +38,7 @@ Case = tuple[str, str, "str | None", dict[str, Callable[[], Any]], int]
 
 def served_module() -> types.ModuleType:
     """What the plugin's provider serves as ``mmcv._ext`` (built beside the real one)."""
-    from ascend_patch_mmcv.ext.provider import build_module
+    from ascend_patch_mmcv.served.mmcv_ext.provider import build_module
 
     module = types.ModuleType("mmcv._ext (served)")
     module.__dict__.update(build_module("mmcv._ext"))

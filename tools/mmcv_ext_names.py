@@ -4,11 +4,11 @@
 For each release in :data:`VERSIONS` this downloads mmcv's source distribution with
 ``pip download --no-deps --no-build-isolation mmcv==<version>`` (never builds or
 installs it), reads it straight out of the tarball with ``ast`` and regular
-expressions (:mod:`ascend_patch_mmcv.ext.provider_sources`: which module asks
-``load_ext('_ext', [...])`` for which name, the ``py::arg`` names of each ``m.def`` in
-``mmcv/ops/csrc/pytorch/pybind.cpp`` and the C++ return type), and writes
-``plugins/mmcv_npu/ascend_patch_mmcv/ext/data/ext_mmcv.json``, which the provider of
-``mmcv._ext`` reads for the installed mmcv release.
+expressions (:mod:`ascend_patch_mmcv.served.mmcv_ext.provider_sources`: which module
+asks ``load_ext('_ext', [...])`` for which name, the ``py::arg`` names of each ``m.def``
+in ``mmcv/ops/csrc/pytorch/pybind.cpp`` and the C++ return type), and writes
+``plugins/mmcv_npu/ascend_patch_mmcv/served/mmcv_ext/data/ext_mmcv.json``, which the
+provider of ``mmcv._ext`` reads for the installed mmcv release.
 
 Run it with a pip whose setuptools still has ``pkg_resources`` (<81; mmcv's setup.py
 imports it even to describe the sdist)::
@@ -37,12 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins" / "mmcv_npu"))
 
-from ascend_patch_mmcv.ext.provider_sources import ext_table  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.provider_sources import ext_table  # noqa: E402
 
 
 #: The mmcv releases whose ``_ext`` the provider knows (2.x and the last 1.x).
 VERSIONS = ("2.1.0", "1.7.2")
-OUTPUT = ROOT / "plugins" / "mmcv_npu" / "ascend_patch_mmcv" / "ext" / "data" / "ext_mmcv.json"
+OUTPUT = ROOT / "plugins/mmcv_npu/ascend_patch_mmcv/served/mmcv_ext/data/ext_mmcv.json"
 SCHEMA = "ascend-patch-mmcv-ext/1"
 
 

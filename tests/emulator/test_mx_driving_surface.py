@@ -165,14 +165,14 @@ def test_a_real_mx_driving_is_left_alone(tmp_path, monkeypatch):
 
 
 def test_the_mmcv_plugin_kernel_source_chooses_and_reaches_it(npu_emulator):
-    kernel_source = pytest.importorskip("ascend_patch_mmcv.kernel_source")
-    kernel_source.forget_choices()
+    _kernel_source = pytest.importorskip("ascend_patch_mmcv._kernel_source")
+    _kernel_source.forget_choices()
     try:
-        assert kernel_source.choose("multi_scale_deformable_attn") == kernel_source.MX_DRIVING
-        module = kernel_source.mx_driving()
+        assert _kernel_source.choose("multi_scale_deformable_attn") == _kernel_source.MX_DRIVING
+        module = _kernel_source.mx_driving()
         assert module is sys.modules["mx_driving"] and module.__emulated__
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
 
 # --------------------------------------------------------------------------- the generator

@@ -7,7 +7,7 @@ flavour, reached two ways: ``DeformConv2dFunction.apply`` /
 ``mmcv.ops``), which ``DeformConv2d``, ``ModulatedDeformConv2d`` and their ``Pack``
 variants call. The group replaces both, for NPU tensors (``runtime_check``).
 
-Kernel (:mod:`ascend_patch_mmcv.kernel_source`, ops ``deform_conv2d`` and
+Kernel (:mod:`ascend_patch_mmcv._kernel_source`, ops ``deform_conv2d`` and
 ``modulated_deform_conv2d``): DrivingSDK's kernel, else
 ``torch_npu.npu_deformable_conv2d`` with its autograd backward, else the portable
 PyTorch implementation (:mod:`ascend_patch_mmcv.deform_conv_kernels`).
@@ -28,15 +28,15 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
+from . import _kernel_source
 from . import deform_conv_kernels
-from . import kernel_source
 
 
 __all__ = ["MX_DRIVING_NOTE", "deform_conv_patches", "modulated_deform_conv_patches"]
 
 _KERNELS: dict[str, Callable[..., Any]] = {
-    kernel_source.TORCH_NPU: deform_conv_kernels.torch_npu_kernel,
-    kernel_source.PORTABLE: deform_conv_kernels.portable,
+    _kernel_source.TORCH_NPU: deform_conv_kernels.torch_npu_kernel,
+    _kernel_source.PORTABLE: deform_conv_kernels.portable,
 }
 
 
@@ -48,7 +48,7 @@ def _on_npu(tensor: Any) -> bool:
 #: The note of the mx_driving replacement: the report must not claim DrivingSDK's
 #: kernel for the calls outside its domain.
 MX_DRIVING_NOTE = (
-    f"{kernel_source.note(kernel_source.MX_DRIVING)} "
+    f"{_kernel_source.note(_kernel_source.MX_DRIVING)} "
     "(torch_npu outside 3x3 kernels with channels multiples of 64)"
 )
 
@@ -63,7 +63,7 @@ def _mx_driving_or_else(modulated: bool) -> Callable[..., Any]:
     # cannot be imported at all (decided once, as the source itself).
     elsewhere = (
         deform_conv_kernels.torch_npu_kernel
-        if kernel_source.importable(kernel_source.TORCH_NPU)
+        if _kernel_source.importable(_kernel_source.TORCH_NPU)
         else deform_conv_kernels.portable
     )
 
@@ -144,11 +144,11 @@ def _as_classmethod(function: Callable[..., Any]) -> Callable[..., Any]:
 def _patches(
     module: str, function_class: str, function: str, op: str, modulated: bool
 ) -> Iterator[AtomicPatch]:
-    source = kernel_source.choose(op)
-    if source == kernel_source.MX_DRIVING:
+    source = _kernel_source.choose(op)
+    if source == _kernel_source.MX_DRIVING:
         kernel, note = _mx_driving_or_else(modulated), MX_DRIVING_NOTE
     else:
-        kernel, note = _KERNELS[source], kernel_source.note(source)
+        kernel, note = _KERNELS[source], _kernel_source.note(source)
     make = _modulated_deform_conv2d if modulated else _deform_conv2d
     replacement = make(kernel)
     yield AtomicPatch(

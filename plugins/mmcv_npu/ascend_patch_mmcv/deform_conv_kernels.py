@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import kernel_source
+from . import _kernel_source
 
 
 __all__ = [
@@ -283,7 +283,7 @@ def mx_driving_kernel(
     deform_groups: int = 1,
 ) -> Any:
     """DrivingSDK's kernels; the bias is added here (they take none)."""
-    mx = kernel_source.mx_driving()
+    mx = _kernel_source.mx_driving()
     offset, mask = offsets_at_output_size(
         input, offset, mask, weight, stride, padding, dilation, deform_groups
     )

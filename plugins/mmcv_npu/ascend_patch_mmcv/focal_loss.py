@@ -7,7 +7,7 @@ builds have a kernel for it; ``mx_driving.sigmoid_focal_loss`` takes the same
 arguments (logits ``[N, C]``, long targets ``[N]`` where ``C`` means background,
 gamma, alpha, per-class weight, reduction) and is used when it is there.
 
-Kernel (:mod:`ascend_patch_mmcv.kernel_source`, op ``sigmoid_focal_loss``):
+Kernel (:mod:`ascend_patch_mmcv._kernel_source`, op ``sigmoid_focal_loss``):
 ``mx_driving`` only. Without it the group installs nothing and mmcv's own kernel
 runs: on an NPU box, mmcv's NPU build has one, and a portable formula would be
 slower than it.
@@ -20,7 +20,7 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-from . import kernel_source
+from . import _kernel_source
 
 
 __all__ = ["OP", "sigmoid_focal_loss_patches"]
@@ -42,7 +42,7 @@ def sigmoid_focal_loss(
     reduction: str = "mean",
 ) -> Any:
     """mmcv's ``sigmoid_focal_loss`` arguments, on ``mx_driving.sigmoid_focal_loss``."""
-    return kernel_source.mx_driving().sigmoid_focal_loss(
+    return _kernel_source.mx_driving().sigmoid_focal_loss(
         input, target, gamma, alpha, weight, reduction
     )
 
@@ -56,10 +56,10 @@ def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def sigmoid_focal_loss_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    source = kernel_source.choose(OP, (kernel_source.MX_DRIVING,))
-    if source != kernel_source.MX_DRIVING:
+    source = _kernel_source.choose(OP, (_kernel_source.MX_DRIVING,))
+    if source != _kernel_source.MX_DRIVING:
         return
-    note = kernel_source.note(source)
+    note = _kernel_source.note(source)
     yield AtomicPatch(
         f"{MODULE}:SigmoidFocalLossFunction.apply",
         _apply,

@@ -1,4 +1,4 @@
-"""Every patch group of the plugin: its name, requirements and documentation.
+"""Every patch group of the plugin (its name, requirements and documentation) and its import rule.
 
 ``apply()`` imports this module; it imports no patch family. A group's
 ``patches()`` imports its family module only when the core builds the group, which it
@@ -9,20 +9,35 @@ import) and, for an opt-in group, once it is enabled (``ASCEND_PATCH_ENABLE``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
 from ascend_patch_core import ModuleHook
 from ascend_patch_core import Patch
 
+from .groups_ops import DeformConv
+from .groups_ops import ModulatedDeformConv
+from .groups_ops import MultiScaleDeformableAttention
+from .groups_ops import SigmoidFocalLoss
+from .groups_ops import SparseConv3D
+from .groups_ops import Voxelization
+
+
+if TYPE_CHECKING:
+    from ascend_patch_core import ImportRule
+
 
 __all__ = [
     "DDP",
     "GROUPS",
     "CollectionsCompat",
+    "DeformConv",
     "MmcvCheckpointKeys",
     "MmcvVersionCheck",
     "MmengineCheckpointNumpy",
+    "ModulatedDeformConv",
+    "MultiScaleDeformableAttention",
     "NuScenesDataset",
     "NuScenesMetric",
     "OptimizerHooks",
@@ -31,7 +46,11 @@ __all__ = [
     "ResNetAddRelu",
     "ResNetFP16",
     "ResNetMaxPool",
+    "SigmoidFocalLoss",
+    "SparseConv3D",
     "Stream",
+    "Voxelization",
+    "import_rules",
 ]
 
 
@@ -308,7 +327,7 @@ class NuScenesDataset(Patch):
     ``mmdet3d.datasets.nuscenes_dataset`` (LiDAR boxes) and ``nuscenes_mono_dataset``
     (camera boxes): the same nuScenes boxes, in mmdet3d 1.0's own box convention, with
     the quaternions and velocities of a frame computed at once
-    (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
+    (see :mod:`ascend_patch_mmcv.nuscenes_kernels`).
     """
 
     legacy_name = "nuscenes_dataset"
@@ -319,7 +338,7 @@ class NuScenesDataset(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .nuscenes_patches import nuscenes_dataset_patches
+        from .nuscenes import nuscenes_dataset_patches
 
         return nuscenes_dataset_patches(options)
 
@@ -329,7 +348,7 @@ class NuScenesMetric(Patch):
 
     ``mmdet3d.evaluation.metrics.nuscenes_metric.output_to_nusc_box``, LiDAR and camera
     branches, the same boxes as the installed mmdet3d's
-    (see :mod:`ascend_patch_mmcv.nuscenes_boxes`).
+    (see :mod:`ascend_patch_mmcv.nuscenes_kernels`).
     """
 
     legacy_name = "nuscenes_metric"
@@ -338,18 +357,25 @@ class NuScenesMetric(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .nuscenes_patches import nuscenes_metric_patches
+        from .nuscenes import nuscenes_metric_patches
 
         return nuscenes_metric_patches(options)
 
 
-#: The groups of this module, in the order the plugin registers them (the op groups
-#: live in :mod:`ascend_patch_mmcv.groups_ops`).
+#: Every group of the plugin, in report order (the order ``register_patches`` returns
+#: them): the op groups, declared in :mod:`ascend_patch_mmcv.groups_ops`, after the
+#: checkpoint and version groups.
 GROUPS: tuple[type[Patch], ...] = (
     MmengineCheckpointNumpy,
     MmcvVersionCheck,
     CollectionsCompat,
     MmcvCheckpointKeys,
+    MultiScaleDeformableAttention,
+    DeformConv,
+    ModulatedDeformConv,
+    SparseConv3D,
+    SigmoidFocalLoss,
+    Voxelization,
     Stream,
     DDP,
     OptimizerHooks,
@@ -361,3 +387,25 @@ GROUPS: tuple[type[Patch], ...] = (
     NuScenesDataset,
     NuScenesMetric,
 )
+
+
+def import_rules() -> list[ImportRule]:
+    """``mmcv._ext`` where mmcv has no compiled ops (mmcv-lite): a compiled mmcv keeps its own.
+
+    Only where mmcv is installed at all: declaring the rule imports the core's rule
+    machinery (~0.4 ms of every ``apply()``), which a program without mmcv need not pay.
+    The served module's factory is imported on the first ``import mmcv._ext`` only.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("mmcv") is None:
+        return []
+    from ascend_patch_core import ReplaceImport  # the rule machinery: only now
+
+    return [
+        ReplaceImport(
+            "mmcv._ext",
+            "ascend_patch_mmcv.served.mmcv_ext.provider:build_module",
+            when_missing=True,
+        )
+    ]

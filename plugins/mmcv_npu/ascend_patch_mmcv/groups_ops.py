@@ -1,9 +1,10 @@
 """Patch groups of the plugin: mmcv's ops (see :mod:`ascend_patch_mmcv.groups` for the rules).
 
-Like ``groups``, this module imports no patch family: a group's ``patches()`` imports
-its family module only when the core builds the group. Each op group picks its
-kernel once, when it is built (:mod:`ascend_patch_mmcv.kernel_source`), and says
-which in its patches' note.
+:data:`ascend_patch_mmcv.groups.GROUPS` lists them, in report order, with the others;
+users import them from there. Like ``groups``, this module imports no patch family:
+a group's ``patches()`` imports its family module only when the core builds the
+group. Each op group picks its kernel once, when it is built
+(:mod:`ascend_patch_mmcv._kernel_source`), and says which in its patches' note.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from ascend_patch_core import Patch
 
 
 __all__ = [
-    "GROUPS",
     "DeformConv",
     "ModulatedDeformConv",
     "MultiScaleDeformableAttention",
@@ -126,14 +126,3 @@ class Voxelization(Patch):
         from .voxelization import voxelization_patches
 
         return voxelization_patches(options)
-
-
-#: The groups of this module, in the order the plugin registers them.
-GROUPS: tuple[type[Patch], ...] = (
-    MultiScaleDeformableAttention,
-    DeformConv,
-    ModulatedDeformConv,
-    SparseConv3D,
-    SigmoidFocalLoss,
-    Voxelization,
-)

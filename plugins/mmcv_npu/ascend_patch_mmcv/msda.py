@@ -12,7 +12,7 @@ mmcv computes deformable attention two ways, in ``mmcv.ops.multi_scale_deform_at
   CUDA or MLU device, so for every NPU tensor.
 
 The group replaces both for NPU tensors (``runtime_check``; anything else goes to
-mmcv's code). The kernel (:mod:`ascend_patch_mmcv.kernel_source`, op
+mmcv's code). The kernel (:mod:`ascend_patch_mmcv._kernel_source`, op
 ``multi_scale_deformable_attn``): ``mx_driving.multi_scale_deformable_attn`` (an
 autograd function with its own backward), else a portable one: mmcv's own PyTorch
 implementation, which autograd differentiates. torch_npu has no such op. With the
@@ -29,7 +29,7 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-from . import kernel_source
+from . import _kernel_source
 
 
 __all__ = ["MODULE", "OP", "level_start_index", "msda_patches"]
@@ -54,7 +54,7 @@ def _on_npu(*tensors: Any) -> bool:
 def _mx_kernel(
     value: Any, shapes: Any, start: Any, sampling_locations: Any, attention_weights: Any
 ) -> Any:
-    return kernel_source.mx_driving().multi_scale_deformable_attn(
+    return _kernel_source.mx_driving().multi_scale_deformable_attn(
         value, shapes, start, sampling_locations, attention_weights
     )
 
@@ -120,16 +120,16 @@ def _pytorch_check(value: Any, shapes: Any, locations: Any, weights: Any) -> boo
 
 
 def msda_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    source = kernel_source.choose(OP, (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
-    note = kernel_source.note(source)
-    kernel = _mx_kernel if source == kernel_source.MX_DRIVING else _portable_kernel
+    source = _kernel_source.choose(OP, (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE))
+    note = _kernel_source.note(source)
+    kernel = _mx_kernel if source == _kernel_source.MX_DRIVING else _portable_kernel
     yield AtomicPatch(
         f"{MODULE}:MultiScaleDeformableAttnFunction.apply",
         _function_apply(kernel),
         runtime_check=_apply_check,
         note=note,
     )
-    if source == kernel_source.MX_DRIVING:
+    if source == _kernel_source.MX_DRIVING:
         yield AtomicPatch(
             f"{MODULE}:multi_scale_deformable_attn_pytorch",
             _pytorch_path,

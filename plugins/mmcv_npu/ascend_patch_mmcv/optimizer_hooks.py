@@ -4,7 +4,7 @@ mmcv 1.x clips gradients in one method, ``OptimizerHook.clip_grads(params)``, wh
 ``GradientCumulativeOptimizerHook``, ``Fp16OptimizerHook`` and
 ``GradientCumulativeFp16OptimizerHook`` (and user subclasses) inherit. It calls
 torch's ``clip_grad_norm_(params, **grad_clip)``. With a torch_npu fused optimizer
-(``NpuFused*``, see :mod:`ascend_patch_mmcv.fused_clip`) the replacement calls
+(``NpuFused*``, see :mod:`ascend_patch_mmcv._fused_clip`) the replacement calls
 ``runner.optimizer.clip_grad_norm_fused_(**grad_clip)`` instead; its total norm is
 what the hook logs as ``grad_norm``. Any other optimizer, or a config the fused
 method cannot take, runs the original.
@@ -32,8 +32,8 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-from .fused_clip import fused_norm_clip
-from .fused_clip import grads_to_clip
+from ._fused_clip import fused_norm_clip
+from ._fused_clip import grads_to_clip
 
 
 __all__ = [

@@ -7,7 +7,7 @@ optimizer's parameters that have a gradient, calls ``self.clip_func(params,
 default) -- and logs the result as ``train/grad_norm`` in the message hub.
 
 When the wrapped optimizer offers ``clip_grad_norm_fused_`` (torch_npu's fused
-optimizers; see :mod:`ascend_patch_mmcv.fused_clip`) and the wrapper clips by norm
+optimizers; see :mod:`ascend_patch_mmcv._fused_clip`) and the wrapper clips by norm
 with arguments the fused method takes, the replacement calls it instead, and logs
 the norm it returns. Otherwise -- another optimizer, ``type='value'``, a config
 with ``error_if_nonfinite`` or ``foreach`` -- mmengine's original runs.
@@ -25,8 +25,8 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-from .fused_clip import fused_norm_clip
-from .fused_clip import grads_to_clip
+from ._fused_clip import fused_norm_clip
+from ._fused_clip import grads_to_clip
 
 
 __all__ = ["TARGET", "clip_grad_fused", "optimizer_wrapper_patches", "uses_fused_clip"]

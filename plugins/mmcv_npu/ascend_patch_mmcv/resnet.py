@@ -36,7 +36,7 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-from . import kernel_source
+from . import _kernel_source
 
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 TARGET_MODULE = "mmdet.models.backbones.resnet"
-#: The kernel names :func:`ascend_patch_mmcv.kernel_source.choose` knows these ops by
+#: The kernel names :func:`ascend_patch_mmcv._kernel_source.choose` knows these ops by
 #: (also the names ``ASCEND_PATCH_MMCV_KERNELS`` takes): mx_driving's function names.
 ADD_RELU_OP = "npu_add_relu"
 MAX_POOL_OP = "npu_max_pool2d"
@@ -98,7 +98,7 @@ def mx_driving_add_relu(block: Any, out: Any, identity: Any) -> Any:
         and out.shape == identity.shape
         and out.dtype == identity.dtype
     ):
-        return kernel_source.mx_driving().npu_add_relu(out, identity)
+        return _kernel_source.mx_driving().npu_add_relu(out, identity)
     return portable_add_relu(block, out, identity)
 
 
@@ -150,9 +150,11 @@ def bottleneck_forward(add_relu: AddRelu) -> Callable[[Any, Any], Any]:
 
 def add_relu_patches(options: Any = None) -> Iterator[AtomicPatch]:
     """The patches of :class:`ascend_patch_mmcv.groups.ResNetAddRelu`."""
-    source = kernel_source.choose(ADD_RELU_OP, (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
-    add_relu = mx_driving_add_relu if source == kernel_source.MX_DRIVING else portable_add_relu
-    note = kernel_source.note(source)
+    source = _kernel_source.choose(
+        ADD_RELU_OP, (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE)
+    )
+    add_relu = mx_driving_add_relu if source == _kernel_source.MX_DRIVING else portable_add_relu
+    note = _kernel_source.note(source)
     for block, make in (("BasicBlock", basic_block_forward), ("Bottleneck", bottleneck_forward)):
         yield AtomicPatch(
             f"{TARGET_MODULE}:{block}.forward", make(add_relu), runtime_check=on_npu, note=note
@@ -209,7 +211,7 @@ def mx_driving_max_pool(pool: Any, x: Any) -> Any:
     if kernel_pool_refusal(pool, x) is not None:
         return pool(x)
     try:
-        return kernel_source.mx_driving().npu_max_pool2d(x, 3, 2, 1)
+        return _kernel_source.mx_driving().npu_max_pool2d(x, 3, 2, 1)
     except NotImplementedError:
         # mx_driving's wrapper raises this on chips it has no kernel for (not 910B/C, 950).
         return pool(x)
@@ -233,13 +235,15 @@ def resnet_forward(max_pool: MaxPool) -> Callable[[Any, Any], Any]:
 
 def max_pool_patches(options: Any = None) -> Iterator[AtomicPatch]:
     """The patch of :class:`ascend_patch_mmcv.groups.ResNetMaxPool`."""
-    source = kernel_source.choose(MAX_POOL_OP, (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
-    max_pool = mx_driving_max_pool if source == kernel_source.MX_DRIVING else portable_max_pool
+    source = _kernel_source.choose(
+        MAX_POOL_OP, (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE)
+    )
+    max_pool = mx_driving_max_pool if source == _kernel_source.MX_DRIVING else portable_max_pool
     yield AtomicPatch(
         f"{TARGET_MODULE}:ResNet.forward",
         resnet_forward(max_pool),
         runtime_check=on_npu,
-        note=kernel_source.note(source),
+        note=_kernel_source.note(source),
     )
 
 

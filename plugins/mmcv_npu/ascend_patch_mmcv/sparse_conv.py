@@ -12,7 +12,7 @@ mmcv's compiled kernels compute, in mmcv's formats: mmcv's classes stay, so weig
 checkpoints and ``indice_key`` sharing are untouched. This is done whatever the kernel
 source, so that every mmcv sparse module (2-D, 4-D, transposed, max-pool) runs on NPU.
 
-Kernel (:mod:`ascend_patch_mmcv.kernel_source`, op ``sparse_conv3d``): with DrivingSDK
+Kernel (:mod:`ascend_patch_mmcv._kernel_source`, op ``sparse_conv3d``): with DrivingSDK
 installed, its 3-D sparse classes replace mmcv's at their class paths (defining module
 and ``mmcv.ops``) and in the layer registry (mmcv 1.x ``CONV_LAYERS``, 2.x mmengine's
 ``MODELS``), as DrivingSDK's own patcher does: ``SparseConvTensor``,
@@ -33,7 +33,7 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-from . import kernel_source
+from . import _kernel_source
 
 
 def _kernels() -> Any:
@@ -46,7 +46,7 @@ def _kernels() -> Any:
 
 __all__ = ["MX_CLASSES", "OP", "REGISTERED", "mx_driving_patches", "sparse_conv_patches"]
 
-#: The op's name for :func:`ascend_patch_mmcv.kernel_source.choose` and its variable.
+#: The op's name for :func:`ascend_patch_mmcv._kernel_source.choose` and its variable.
 OP = "sparse_conv3d"
 
 #: DrivingSDK's class for each mmcv class path, module by module.
@@ -283,11 +283,11 @@ def mx_driving_patches(note: str, mmcv_major: int | None) -> Iterator[AtomicPatc
 
 
 def sparse_conv_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    source = kernel_source.choose(
+    source = _kernel_source.choose(
         OP,
-        (kernel_source.MX_DRIVING, kernel_source.PORTABLE),
+        (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE),
         mx_names=tuple(n for names in MX_CLASSES.values() for n in names),
     )
-    yield from _op_patches(kernel_source.note(kernel_source.PORTABLE))
-    if source == kernel_source.MX_DRIVING:
-        yield from mx_driving_patches(kernel_source.note(source), _mmcv_major())
+    yield from _op_patches(_kernel_source.note(_kernel_source.PORTABLE))
+    if source == _kernel_source.MX_DRIVING:
+        yield from mx_driving_patches(_kernel_source.note(source), _mmcv_major())

@@ -8,7 +8,7 @@ with mmcv's ``(z, y, x)`` voxel coordinates -- and returns mmcv's three results
 (the kernel's first result, the voxel count, is dropped). Dynamic voxelization
 (``max_points`` or ``max_voxels`` -1) stays with mmcv.
 
-Kernel (:mod:`ascend_patch_mmcv.kernel_source`, op ``voxelization``): ``mx_driving``
+Kernel (:mod:`ascend_patch_mmcv._kernel_source`, op ``voxelization``): ``mx_driving``
 only; without it the group installs nothing (mmcv's NPU build has a hard-voxelization
 kernel of its own). Opt-in, as in the DrivingSDK patcher: the kernel's ordering and
 limits are the ones mmcv documents, but 3D detectors are sensitive to which points
@@ -22,7 +22,7 @@ from typing import Any
 
 from ascend_patch_core import AtomicPatch
 
-from . import kernel_source
+from . import _kernel_source
 
 
 __all__ = ["OP", "voxelization", "voxelization_patches"]
@@ -40,7 +40,7 @@ def voxelization(
     deterministic: bool = True,
 ) -> Any:
     """mmcv's hard ``voxelization`` on ``mx_driving.voxelization``."""
-    count, voxels, coors, num_points = kernel_source.mx_driving().voxelization(
+    count, voxels, coors, num_points = _kernel_source.mx_driving().voxelization(
         points, voxel_size, coors_range, max_points, max_voxels, deterministic, "ZYX"
     )
     count = int(count)
@@ -64,10 +64,10 @@ def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def voxelization_patches(options: Any = None) -> Iterator[AtomicPatch]:
-    source = kernel_source.choose(OP, (kernel_source.MX_DRIVING,))
-    if source != kernel_source.MX_DRIVING:
+    source = _kernel_source.choose(OP, (_kernel_source.MX_DRIVING,))
+    if source != _kernel_source.MX_DRIVING:
         return
-    note = kernel_source.note(source)
+    note = _kernel_source.note(source)
     yield AtomicPatch(
         f"{MODULE}:_Voxelization.apply",
         _apply,

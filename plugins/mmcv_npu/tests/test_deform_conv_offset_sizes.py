@@ -85,8 +85,8 @@ def test_mx_driving_replacement_runs_torch_npus_kernel_outside_its_domain(
     8x8 output: ``offset shape (2, 27, 16, 16) must be (2, 27, 8, 8)`` on an NPU. The
     replacement now serves it with torch_npu's kernel and the values mmcv reads.
     """
-    from ascend_patch_mmcv import kernel_source
-    from ascend_patch_mmcv.groups_ops import ModulatedDeformConv
+    from ascend_patch_mmcv import _kernel_source
+    from ascend_patch_mmcv.groups import ModulatedDeformConv
 
     ops = pytest.importorskip("mmcv.ops.modulated_deform_conv")
     mx_driving = pytest.importorskip("mx_driving")  # the emulator's
@@ -104,8 +104,8 @@ def test_mx_driving_replacement_runs_torch_npus_kernel_outside_its_domain(
             return _kernel(*args, **kwargs)
 
         monkeypatch.setattr(module, name, spy)
-    monkeypatch.setenv(kernel_source.VARIABLE, kernel_source.MX_DRIVING)
-    kernel_source.forget_choices()
+    monkeypatch.setenv(_kernel_source.VARIABLE, _kernel_source.MX_DRIVING)
+    _kernel_source.forget_choices()
     try:
         g = torch.Generator().manual_seed(1)
         x = torch.randn(2, 32, 8, 8, generator=g)
@@ -120,7 +120,7 @@ def test_mx_driving_replacement_runs_torch_npus_kernel_outside_its_domain(
         out = ops.modulated_deform_conv2d(*tensors, 1, 1, 1, 1, 1)
         out.backward(torch.ones_like(out))
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
     counters = isolated_patcher.report.get(
         "mmcv.ops.modulated_deform_conv:modulated_deform_conv2d"

@@ -18,8 +18,8 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import bbox  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import bbox  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 
 
 def _boxes(count, seed):

@@ -26,9 +26,9 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import deform  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import deform  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -191,8 +191,8 @@ def test_kernel_sources_on_npu_tensors(npu_emulator, monkeypatch, source):
     """Emulated NPU tensors: every kernel source computes what mmcv's CPU kernel does."""
     if source == "mx_driving" and not _has_mx_driving():
         pytest.skip("the emulator serves no mx_driving")
-    monkeypatch.setenv(kernel_source.VARIABLE, source)
-    kernel_source.forget_choices()
+    monkeypatch.setenv(_kernel_source.VARIABLE, source)
+    _kernel_source.forget_choices()
     try:
         # DrivingSDK's kernel takes 3x3 with 64-multiple channels; others fall back.
         for case in ("3x3", "grouped-nonsquare"):
@@ -203,7 +203,7 @@ def test_kernel_sources_on_npu_tensors(npu_emulator, monkeypatch, source):
             _same(expected_dcn, [t.cpu() for t in _dcn(deform, c)])
             _same(expected_mdcn, [t.cpu() for t in _mdcn(deform, c, True)])
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
 
 def test_mx_driving_domain_on_npu_tensors(npu_emulator, monkeypatch):
@@ -216,8 +216,8 @@ def test_mx_driving_domain_on_npu_tensors(npu_emulator, monkeypatch):
     monkeypatch.setattr(
         mx_driving, "modulated_deform_conv2d", lambda *a, **k: calls.append(1) or kernel(*a, **k)
     )
-    monkeypatch.setenv(kernel_source.VARIABLE, "mx_driving")
-    kernel_source.forget_choices()
+    monkeypatch.setenv(_kernel_source.VARIABLE, "mx_driving")
+    _kernel_source.forget_choices()
     try:
         g = torch.Generator().manual_seed(5)
         CASES["mx"] = (64, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1, 1, (5, 5), 1)
@@ -230,7 +230,7 @@ def test_mx_driving_domain_on_npu_tensors(npu_emulator, monkeypatch):
         _same(expected, [t.cpu() for t in _mdcn(deform, c, True)])
         assert calls  # DrivingSDK's kernel served the forward and the backward
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
 
 def test_through_mmcvs_deform_conv_modules(monkeypatch):

@@ -33,7 +33,7 @@ geometry = require_module("shapely.geometry", "mmdet3d")
 affinity = require_module("shapely.affinity", "mmdet3d")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import iou3d  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import iou3d  # noqa: E402
 
 
 OURS = SimpleNamespace(**{name: getattr(iou3d, name) for name in iou3d.__all__})
@@ -192,18 +192,18 @@ def test_nms_edge_cases(name):
 
 
 def test_npu_tensors_run_on_the_portable_kernels(npu_emulator, monkeypatch):
-    from ascend_patch_mmcv import kernel_source
+    from ascend_patch_mmcv import _kernel_source
 
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     try:
         a, b = SCENES["random"]
         out = torch.zeros(len(a), len(b), device="npu")
         iou3d.iou3d_boxes_overlap_bev_forward(a.to("npu"), b.to("npu"), out)
         torch.testing.assert_close(out.cpu(), _reference_overlaps(a, b), **TOL)
-        assert kernel_source.choose("iou3d_boxes_overlap_bev_forward") == kernel_source.PORTABLE
+        assert _kernel_source.choose("iou3d_boxes_overlap_bev_forward") == _kernel_source.PORTABLE
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
 
 def test_mx_driving_paths(npu_emulator, monkeypatch):
@@ -214,10 +214,10 @@ def test_mx_driving_paths(npu_emulator, monkeypatch):
     check the glue: mmcv's ``_ext`` NMS gets boxes already sorted, so the scores passed
     must keep that order.
     """
-    from ascend_patch_mmcv import kernel_source
+    from ascend_patch_mmcv import _kernel_source
 
     mx_driving = pytest.importorskip("mx_driving")
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
     a, b = SCENES["random"]
     expected = _reference_overlaps(a, b)
     calls = []
@@ -236,7 +236,7 @@ def test_mx_driving_paths(npu_emulator, monkeypatch):
     )
     monkeypatch.setattr(mx_driving, "nms3d", nms_double(False))
     monkeypatch.setattr(mx_driving, "nms3d_normal", nms_double(True))
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
     try:
         out = torch.zeros(len(a), len(b))
         iou3d.iou3d_boxes_overlap_bev_forward(a.to("npu"), b.to("npu"), out)
@@ -249,4 +249,4 @@ def test_mx_driving_paths(npu_emulator, monkeypatch):
             assert keep[: int(num_out)].tolist() == _greedy_reference(boxes, 0.2, normal)
         assert calls == ["bev", "nms3d", "nms3d_normal"]
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()

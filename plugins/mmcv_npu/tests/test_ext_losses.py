@@ -29,8 +29,8 @@ require_stack("mmcv-ops")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import losses  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import losses  # noqa: E402
 
 
 focal_loss = require_module("mmdet.models.losses.focal_loss", "mmdet")
@@ -184,12 +184,12 @@ def test_sigmoid_focal_loss_on_npu_tensors(npu_emulator, monkeypatch):
     expected = _sigmoid_ext(logits, target, weight, 2.0, 0.25)
     sources = ["portable"] + (["mx_driving"] if importlib.util.find_spec("mx_driving") else [])
     for source in sources:
-        monkeypatch.setenv(kernel_source.VARIABLE, f"sigmoid_focal_loss={source}")
-        kernel_source.forget_choices()
+        monkeypatch.setenv(_kernel_source.VARIABLE, f"sigmoid_focal_loss={source}")
+        _kernel_source.forget_choices()
         try:
             found = _sigmoid_ext(logits.to("npu"), target.to("npu"), weight.to("npu"), 2.0, 0.25)
         finally:
-            kernel_source.forget_choices()
+            _kernel_source.forget_choices()
         for a, e in zip(found, expected, strict=True):
             torch.testing.assert_close(a.cpu(), e, **F32)
 

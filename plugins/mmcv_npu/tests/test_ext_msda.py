@@ -25,9 +25,9 @@ from mmcv_stacks import require_stack
 require_stack("mmcv-ops")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import msda  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import msda  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch  # noqa: E402
 
 
@@ -140,8 +140,8 @@ def test_non_contiguous_inputs():
 def test_on_npu_tensors(npu_emulator, monkeypatch, source):
     if source == "mx_driving" and importlib.util.find_spec("mx_driving") is None:
         pytest.skip("the emulator serves no mx_driving")
-    monkeypatch.setenv(kernel_source.VARIABLE, f"multi_scale_deformable_attn={source}")
-    kernel_source.forget_choices()
+    monkeypatch.setenv(_kernel_source.VARIABLE, f"multi_scale_deformable_attn={source}")
+    _kernel_source.forget_choices()
     calls = []
     if source == "mx_driving":
         import mx_driving
@@ -159,7 +159,7 @@ def test_on_npu_tensors(npu_emulator, monkeypatch, source):
         _same(expected, [t.cpu() for t in actual])
         assert len(calls) == (2 if source == "mx_driving" else 0)
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
 
 def test_through_mmcvs_function(monkeypatch):

@@ -1,4 +1,4 @@
-"""The ``mmcv._ext`` NMS family (``ascend_patch_mmcv.ext.nms``) against mmcv's compiled CPU kernels.
+"""The ``mmcv._ext`` NMS family (``served/mmcv_ext/nms.py``) against mmcv's compiled CPU kernels.
 
 Runs where mmcv 2.1.0 has its compiled ops (nox -s openmmlab_cpu_ops): each case calls
 the real ``mmcv._ext`` function and ours on the same inputs (ours by keyword, as
@@ -23,7 +23,7 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import nms as ours  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import nms as ours  # noqa: E402
 
 
 THRESHOLDS = [-0.1, 0.0, 0.3, 0.5, 0.7, 1.0]

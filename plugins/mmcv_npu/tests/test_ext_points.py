@@ -34,7 +34,7 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import points as family  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import points as family  # noqa: E402
 
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -351,10 +351,10 @@ def test_assign_score_withk_forward_backward(with_ours, aggregate, invalid):
 
 
 def test_npu_tensors_run_on_the_portable_kernels(npu_emulator, monkeypatch):
-    from ascend_patch_mmcv import kernel_source
+    from ascend_patch_mmcv import _kernel_source
 
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     try:
         cloud = torch.rand(1, 40, 3, generator=_gen(9))
         centres = cloud[:, :8].contiguous()
@@ -364,9 +364,9 @@ def test_npu_tensors_run_on_the_portable_kernels(npu_emulator, monkeypatch):
         fps_cpu, _ = _fps_call(family.furthest_point_sampling_forward, cloud, 10)
         fps_npu, _ = _fps_call(family.furthest_point_sampling_forward, cloud.to("npu"), 10)
         assert torch.equal(fps_npu.cpu(), fps_cpu)
-        assert kernel_source.choose("knn_forward") == kernel_source.PORTABLE
+        assert _kernel_source.choose("knn_forward") == _kernel_source.PORTABLE
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
 
 # --- the mx_driving paths, with test doubles of mx_driving's public functions ----------------
@@ -378,11 +378,11 @@ def test_npu_tensors_run_on_the_portable_kernels(npu_emulator, monkeypatch):
 
 @pytest.fixture
 def mx_doubles(npu_emulator, monkeypatch):
-    from ascend_patch_mmcv import kernel_source
+    from ascend_patch_mmcv import _kernel_source
 
     mx_driving = pytest.importorskip("mx_driving")
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     calls = []
 
     def double(name, function):
@@ -391,10 +391,10 @@ def mx_doubles(npu_emulator, monkeypatch):
             return function(*args, **kwargs)
 
         monkeypatch.setattr(mx_driving, name, record)
-        kernel_source.forget_choices()  # choose again: the name has a "kernel" now
+        _kernel_source.forget_choices()  # choose again: the name has a "kernel" now
 
     yield double, calls
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def test_mx_driving_paths_write_mmcvs_outputs(mx_doubles):

@@ -29,7 +29,7 @@ from mmcv_stacks import require_stack
 require_stack("mmcv-ops")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import points as family  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import points as family  # noqa: E402
 
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}

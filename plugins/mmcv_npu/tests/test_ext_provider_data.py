@@ -12,9 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from ascend_patch_mmcv.ext import provider
-from ascend_patch_mmcv.ext import registry
-from ascend_patch_mmcv.ext.provider_sources import ext_table
+from ascend_patch_mmcv.served.mmcv_ext import provider
+from ascend_patch_mmcv.served.mmcv_ext import registry
+from ascend_patch_mmcv.served.mmcv_ext.provider_sources import ext_table
 
 
 PYBIND = """

@@ -24,9 +24,9 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import roi  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import roi  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 
 
 F32 = {"atol": 1e-5, "rtol": 1e-5}
@@ -206,8 +206,8 @@ def test_roi_align_on_npu_tensors(npu_emulator, monkeypatch, source):
     """On (emulated) NPU tensors: torch_npu's npu_roi_align for avg pooling, else portable."""
     import torch_npu
 
-    monkeypatch.setenv(kernel_source.VARIABLE, f"roi_align={source}")
-    kernel_source.forget_choices()
+    monkeypatch.setenv(_kernel_source.VARIABLE, f"roi_align={source}")
+    _kernel_source.forget_choices()
     calls = []
     for name in ("npu_roi_align", "npu_roi_alignbk"):
         kernel = getattr(torch_npu, name)
@@ -227,7 +227,7 @@ def test_roi_align_on_npu_tensors(npu_emulator, monkeypatch, source):
         expected_calls = ["npu_roi_align", "npu_roi_alignbk"] if source == "torch_npu" else []
         assert calls == expected_calls
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
 
 
 # --------------------------------------------------------------------------------- RoIPool

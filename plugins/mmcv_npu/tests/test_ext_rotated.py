@@ -29,8 +29,8 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv.ext import rotated  # noqa: E402
-from ascend_patch_mmcv.ext.registry import IMPLEMENTATIONS  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import rotated  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext.registry import IMPLEMENTATIONS  # noqa: E402
 
 
 F32 = {"atol": 1e-5, "rtol": 1e-5}

@@ -31,17 +31,18 @@ def test_the_page_is_current():
 
 def test_every_declared_npu_kernel_is_called_by_its_family():
     pytest.importorskip("torch")
-    from ascend_patch_mmcv.ext import registry
+    from ascend_patch_mmcv.served.mmcv_ext import registry
 
     implementations = registry.load_all()
     assert registry.NPU_KERNELS, "no implementation declares an NPU kernel"
     for name, text in registry.NPU_KERNELS.items():
         module = sys.modules[implementations[name].__module__]
-        package = sys.modules["ascend_patch_mmcv.ext"].__path__[0]
+        served = Path(sys.modules["ascend_patch_mmcv.served.mmcv_ext"].__path__[0])
+        plugin = Path(sys.modules["ascend_patch_mmcv"].__path__[0])
         sources = [inspect.getsource(module)]
         # A family may call its kernels through the plugin's shared kernel modules.
-        sources += [p.read_text() for p in Path(package).parent.glob("*_kernels.py")] + [
-            p.read_text() for p in Path(package).glob("_*.py")
+        sources += [p.read_text() for p in plugin.glob("*_kernels.py")] + [
+            p.read_text() for p in served.glob("_*.py")
         ]
         text_of_code = "\n".join(sources)
         for kernel in re.findall(r"(?:mx_driving|torch_npu) ([a-z_0-9, ]+)", text):

@@ -29,8 +29,8 @@ require_stack("mmcv-ops")
 
 import mmcv._ext as compiled  # noqa: E402
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.ext import voxel  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.served.mmcv_ext import voxel  # noqa: E402
 
 
 OURS = SimpleNamespace(**{name: getattr(voxel, name) for name in voxel.__all__})
@@ -177,10 +177,10 @@ def test_non_deterministic_flag_gives_the_deterministic_voxels():
 def emulated_mx(npu_emulator, monkeypatch):
     if importlib.util.find_spec("mx_driving") is None:
         pytest.skip("the emulator serves no mx_driving module")
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     yield
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 @pytest.mark.parametrize("case", ["roomy", "full-voxels", "voxel-budget", "one-point", "empty"])
@@ -201,7 +201,7 @@ def test_hard_voxelize_on_npu_tensors_uses_mx_driving_and_matches(emulated_mx, c
     for a, b in zip(actual, expected, strict=True):
         assert torch.equal(a.cpu(), b)
     assert len(calls) == (1 if points.shape[0] else 0)
-    assert kernel_source.choose("hard_voxelize_forward") == kernel_source.MX_DRIVING
+    assert _kernel_source.choose("hard_voxelize_forward") == _kernel_source.MX_DRIVING
 
 
 # --- dynamic scatter: an explicit reference --------------------------------------------------

@@ -26,8 +26,8 @@ require_stack("mmcv-ops")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import SigmoidFocalLoss  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.groups import SigmoidFocalLoss  # noqa: E402
 
 
 focal_loss = require_module("mmdet.models.losses.focal_loss", "mmdet")
@@ -41,10 +41,10 @@ def mx_driving(npu_emulator, monkeypatch):
     if importlib.util.find_spec("mx_driving") is None:
         # The session with mmcv's ops promises the emulator's mx_driving.
         (pytest.fail if required("mmcv-ops") else pytest.skip)("the emulator serves no mx_driving")
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     yield
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def _inputs(rows=24, classes=5, seed=0):

@@ -6,44 +6,44 @@ import sys
 import types
 
 import pytest
-from ascend_patch_mmcv import kernel_source
+from ascend_patch_mmcv import _kernel_source
 
 from ascend_patch_core import PatchDefinitionError
 
 
 @pytest.fixture(autouse=True)
 def fresh_choices(monkeypatch):
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     yield
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def test_portable_when_neither_library_is_importable(monkeypatch):
     monkeypatch.setitem(sys.modules, "mx_driving", None)
     monkeypatch.setitem(sys.modules, "torch_npu", None)
-    assert kernel_source.choose("op") == kernel_source.PORTABLE
+    assert _kernel_source.choose("op") == _kernel_source.PORTABLE
 
 
 def test_mx_driving_first_then_torch_npu(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
     monkeypatch.setitem(sys.modules, "mx_driving", None)
-    assert kernel_source.choose("a") == kernel_source.TORCH_NPU
+    assert _kernel_source.choose("a") == _kernel_source.TORCH_NPU
     monkeypatch.setitem(sys.modules, "mx_driving", types.ModuleType("mx_driving"))
     # Chosen once: the answer stays until forget_choices().
-    assert kernel_source.choose("a") == kernel_source.TORCH_NPU
-    kernel_source.forget_choices()
-    assert kernel_source.choose("a") == kernel_source.MX_DRIVING
+    assert _kernel_source.choose("a") == _kernel_source.TORCH_NPU
+    _kernel_source.forget_choices()
+    assert _kernel_source.choose("a") == _kernel_source.MX_DRIVING
     # An op without a torch_npu kernel skips that source.
     monkeypatch.setitem(sys.modules, "mx_driving", None)
-    assert kernel_source.choose("b", (kernel_source.MX_DRIVING,)) == kernel_source.PORTABLE
+    assert _kernel_source.choose("b", (_kernel_source.MX_DRIVING,)) == _kernel_source.PORTABLE
 
 
 def test_the_variable_forces_a_source(monkeypatch):
     monkeypatch.setitem(sys.modules, "mx_driving", types.ModuleType("mx_driving"))
-    monkeypatch.setenv(kernel_source.VARIABLE, "portable, b=mx_driving")
-    assert kernel_source.choose("a") == kernel_source.PORTABLE
-    assert kernel_source.choose("b") == kernel_source.MX_DRIVING
+    monkeypatch.setenv(_kernel_source.VARIABLE, "portable, b=mx_driving")
+    assert _kernel_source.choose("a") == _kernel_source.PORTABLE
+    assert _kernel_source.choose("b") == _kernel_source.MX_DRIVING
 
 
 @pytest.mark.parametrize(
@@ -56,9 +56,9 @@ def test_the_variable_forces_a_source(monkeypatch):
 )
 def test_a_bad_override_names_the_op_and_the_choices(monkeypatch, value, message):
     monkeypatch.setitem(sys.modules, "mx_driving", None)
-    monkeypatch.setenv(kernel_source.VARIABLE, value)
+    monkeypatch.setenv(_kernel_source.VARIABLE, value)
     with pytest.raises(PatchDefinitionError, match=message):
-        kernel_source.choose("a", (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
+        _kernel_source.choose("a", (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE))
 
 
 def test_an_emulated_stand_in_is_no_mx_driving_kernel(monkeypatch):
@@ -72,9 +72,9 @@ def test_an_emulated_stand_in_is_no_mx_driving_kernel(monkeypatch):
     fake.real_op = lambda *args: None
     monkeypatch.setitem(sys.modules, "mx_driving", fake)
     monkeypatch.setitem(sys.modules, "torch_npu", None)
-    assert kernel_source.choose("sparse_op") == kernel_source.PORTABLE
-    assert kernel_source.choose("real_op") == kernel_source.MX_DRIVING
-    assert kernel_source.choose("both", mx_names=("real_op", "sparse_op")) == "portable"
-    monkeypatch.setenv(kernel_source.VARIABLE, "other=mx_driving")
+    assert _kernel_source.choose("sparse_op") == _kernel_source.PORTABLE
+    assert _kernel_source.choose("real_op") == _kernel_source.MX_DRIVING
+    assert _kernel_source.choose("both", mx_names=("real_op", "sparse_op")) == "portable"
+    monkeypatch.setenv(_kernel_source.VARIABLE, "other=mx_driving")
     with pytest.raises(PatchDefinitionError, match="is not available; available here: portable"):
-        kernel_source.choose("other", mx_names=("sparse_op",))
+        _kernel_source.choose("other", mx_names=("sparse_op",))

@@ -2,7 +2,7 @@
 
 mmdet3d builds ``Quaternion(axis=[0, 0, 1], radians=yaw)`` per LiDAR box and
 ``Quaternion(axis=[1, 0, 0], radians=pi / 2) * Quaternion(axis=[0, 0, 1], radians=-yaw)``
-per camera box; :mod:`ascend_patch_mmcv.nuscenes_boxes` computes them for a whole frame.
+per camera box; :mod:`ascend_patch_mmcv.nuscenes_kernels` computes them for a whole frame.
 Needs pyquaternion (the mmdet3d stack of the nox session ``openmmlab_cpu_ops``).
 """
 
@@ -20,8 +20,8 @@ from mmcv_stacks import require_module
 np = require_module("numpy", "mmdet3d")
 pyquaternion = require_module("pyquaternion", "mmdet3d")
 
-from ascend_patch_mmcv.nuscenes_boxes import camera_quaternions  # noqa: E402
-from ascend_patch_mmcv.nuscenes_boxes import yaw_quaternions  # noqa: E402
+from ascend_patch_mmcv.nuscenes_kernels import camera_quaternions  # noqa: E402
+from ascend_patch_mmcv.nuscenes_kernels import yaw_quaternions  # noqa: E402
 
 
 Quaternion = pyquaternion.Quaternion

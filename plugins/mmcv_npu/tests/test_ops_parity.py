@@ -24,10 +24,10 @@ from mmcv_stacks import required
 require_stack("mmcv-ops")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import DeformConv  # noqa: E402
-from ascend_patch_mmcv.groups_ops import ModulatedDeformConv  # noqa: E402
-from ascend_patch_mmcv.groups_ops import MultiScaleDeformableAttention  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.groups import DeformConv  # noqa: E402
+from ascend_patch_mmcv.groups import ModulatedDeformConv  # noqa: E402
+from ascend_patch_mmcv.groups import MultiScaleDeformableAttention  # noqa: E402
 
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -37,7 +37,7 @@ def _sources(*available: str) -> list[object]:
     params: list[object] = []
     for source in available:
         marks = []
-        if source == kernel_source.MX_DRIVING:
+        if source == _kernel_source.MX_DRIVING:
             marks.append(
                 pytest.mark.skipif(
                     importlib.util.find_spec("ascend_patch_emulator") is None,
@@ -52,13 +52,13 @@ def _sources(*available: str) -> list[object]:
 def use_source(monkeypatch, npu_emulator, request):
     """Force one kernel source, choose again; the emulator must serve mx_driving."""
     source = request.param
-    if source == kernel_source.MX_DRIVING and importlib.util.find_spec("mx_driving") is None:
+    if source == _kernel_source.MX_DRIVING and importlib.util.find_spec("mx_driving") is None:
         # The session with mmcv's ops promises the emulator's mx_driving: missing, a failure.
         (pytest.fail if required("mmcv-ops") else pytest.skip)("the emulator serves no mx_driving")
-    monkeypatch.setenv(kernel_source.VARIABLE, source)
-    kernel_source.forget_choices()
+    monkeypatch.setenv(_kernel_source.VARIABLE, source)
+    _kernel_source.forget_choices()
     yield source
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def _leaves(*tensors):
@@ -148,7 +148,7 @@ def test_msda_module_matches_on_npu(use_source, isolated_patcher):
         level_start_index=start.to("npu"),
     )
     _assert_same(expected, actual, [cq, cv], [nq, nv])
-    if use_source == kernel_source.MX_DRIVING:
+    if use_source == _kernel_source.MX_DRIVING:
         target = "mmcv.ops.multi_scale_deform_attn:multi_scale_deformable_attn_pytorch"
         assert _counters(isolated_patcher, target).replacement_calls == 1
 
@@ -158,8 +158,8 @@ def test_msda_leaves_cpu_tensors_to_mmcv(isolated_patcher, monkeypatch):
     from mmcv.ops import multi_scale_deform_attn
 
     original = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch
-    monkeypatch.setenv(kernel_source.VARIABLE, "portable")
-    kernel_source.forget_choices()
+    monkeypatch.setenv(_kernel_source.VARIABLE, "portable")
+    _kernel_source.forget_choices()
     isolated_patcher.add(MultiScaleDeformableAttention).apply()
     value, shapes, locations, weights = _msda_inputs()
     torch.testing.assert_close(
@@ -176,7 +176,7 @@ def test_msda_leaves_cpu_tensors_to_mmcv(isolated_patcher, monkeypatch):
     target = "mmcv.ops.multi_scale_deform_attn:MultiScaleDeformableAttnFunction.apply"
     counters = isolated_patcher.report.get(target).counters
     assert (counters.replacement_calls, counters.fallback_calls) == (0, 1)
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 # ----------------------------------------------------------------------- deformable convolution

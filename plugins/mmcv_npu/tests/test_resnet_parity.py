@@ -28,7 +28,7 @@ require_stack("mmcv-ops")
 require_stack("mmdet")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
 from ascend_patch_mmcv.groups import ResNetAddRelu  # noqa: E402
 from ascend_patch_mmcv.groups import ResNetFP16  # noqa: E402
 from ascend_patch_mmcv.groups import ResNetMaxPool  # noqa: E402
@@ -72,7 +72,7 @@ ALL_SOURCES = (PORTABLE, DOUBLE, EMULATED)
 def kernels(request, npu_emulator, monkeypatch):
     """The kernel source, chosen the user's way (ASCEND_PATCH_MMCV_KERNELS) at group build."""
     chosen = Kernels("portable" if request.param == "portable" else "mx_driving")
-    monkeypatch.setenv(kernel_source.VARIABLE, chosen.source)
+    monkeypatch.setenv(_kernel_source.VARIABLE, chosen.source)
     if request.param == "mx_driving double":
         monkeypatch.setitem(sys.modules, "mx_driving", mx_driving_double())
     elif request.param == "emulated mx_driving":
@@ -84,9 +84,9 @@ def kernels(request, npu_emulator, monkeypatch):
             )
     if chosen.source == "mx_driving":
         count_calls(sys.modules["mx_driving"], chosen.calls, monkeypatch)
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
     yield chosen
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def run(model, x, *, input_grad=True, backward=True, autocast=False):

@@ -23,8 +23,8 @@ from mmcv_stacks import require_stack
 require_stack("mmcv-ops")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import SparseConv3D  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.groups import SparseConv3D  # noqa: E402
 from ascend_patch_mmcv.sparse_conv import MX_CLASSES  # noqa: E402
 from ascend_patch_mmcv.sparse_conv import REGISTERED  # noqa: E402
 
@@ -42,10 +42,10 @@ def _double() -> types.ModuleType:
 def mx_double(monkeypatch):
     double = _double()
     monkeypatch.setitem(sys.modules, "mx_driving", double)
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     yield double
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def _registry():
@@ -116,11 +116,11 @@ def test_emulated_mx_driving_is_not_chosen(npu_emulator, isolated_patcher):
     # The emulator's mx_driving sparse classes are stand-ins: the portable kernels serve.
     import mmcv.ops
 
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
     original = mmcv.ops.SubMConv3d
     isolated_patcher.add(SparseConv3D).apply()
     assert mmcv.ops.SubMConv3d is original
     note = isolated_patcher.report.get("mmcv.ops.sparse_ops:indice_conv").note
     assert note == "kernel: portable"
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
     assert torch.zeros(1).is_npu

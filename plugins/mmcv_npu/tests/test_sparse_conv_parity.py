@@ -25,8 +25,8 @@ require_stack("mmcv-ops")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import SparseConv3D  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.groups import SparseConv3D  # noqa: E402
 
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -36,10 +36,10 @@ CONV_OPS = "mmcv.ops.sparse_ops:indice_conv"
 
 @pytest.fixture
 def patched(npu_emulator, isolated_patcher):
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
     isolated_patcher.add(SparseConv3D).apply()
     yield isolated_patcher
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 # ------------------------------------------------------------------------ dense reference
@@ -299,14 +299,14 @@ def test_cpu_tensors_go_to_mmcv_without_an_npu(isolated_patcher):
     from mmcv.ops import SparseConvTensor
     from mmcv.ops import SubMConv3d
 
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
     isolated_patcher.add(SparseConv3D).apply()
     indices = _sites(1, 5, seed=0)
     with pytest.raises(RuntimeError, match="not implemented on CPU"):
         SubMConv3d(3, 4, 3)(SparseConvTensor(torch.randn(5, 3), indices, SHAPE, 1))
     counters = isolated_patcher.report.get("mmcv.ops.sparse_ops:get_indice_pairs").counters
     assert (counters.replacement_calls, counters.fallback_calls) == (0, 1)
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def test_fused_indice_conv_adds_the_bias(patched):

@@ -18,8 +18,8 @@ from mmcv_stacks import required
 require_stack("mmcv-ops")
 
 import torch  # noqa: E402
-from ascend_patch_mmcv import kernel_source  # noqa: E402
-from ascend_patch_mmcv.groups_ops import Voxelization  # noqa: E402
+from ascend_patch_mmcv import _kernel_source  # noqa: E402
+from ascend_patch_mmcv.groups import Voxelization  # noqa: E402
 
 
 @pytest.fixture
@@ -27,10 +27,10 @@ def mx_driving(npu_emulator, monkeypatch):
     if importlib.util.find_spec("mx_driving") is None:
         # The session with mmcv's ops promises the emulator's mx_driving: missing, a failure.
         (pytest.fail if required("mmcv-ops") else pytest.skip)("the emulator serves no mx_driving")
-    monkeypatch.delenv(kernel_source.VARIABLE, raising=False)
-    kernel_source.forget_choices()
+    monkeypatch.delenv(_kernel_source.VARIABLE, raising=False)
+    _kernel_source.forget_choices()
     yield
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
 
 
 def _points(count: int, seed: int = 0) -> torch.Tensor:
@@ -84,10 +84,10 @@ def test_dynamic_voxelization_stays_with_mmcv(mx_driving, isolated_patcher):
 
 def test_it_is_opt_in_and_installs_nothing_without_mx_driving(monkeypatch, isolated_patcher):
     monkeypatch.setitem(__import__("sys").modules, "mx_driving", None)
-    kernel_source.forget_choices()
+    _kernel_source.forget_choices()
     try:
         isolated_patcher.add(Voxelization).apply()
         assert [r for r in isolated_patcher.report if r.kind == "patch"] == []
     finally:
-        kernel_source.forget_choices()
+        _kernel_source.forget_choices()
     assert Voxelization.opt_in

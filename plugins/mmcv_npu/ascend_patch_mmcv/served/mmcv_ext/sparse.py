@@ -22,7 +22,7 @@ __all__: list[str] = []
 
 
 def _kernels() -> Any:
-    from .. import sparse_conv_kernels
+    from ... import sparse_conv_kernels
 
     return sparse_conv_kernels
 

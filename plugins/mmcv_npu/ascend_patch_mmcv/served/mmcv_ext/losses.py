@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import kernel_source
+from ... import _kernel_source
 from .registry import implements
 
 
@@ -67,13 +67,13 @@ def _row_weight(weight: Any, target: Any, classes: int, dtype: Any) -> Any:
 def _use_mx(input: Any, target: Any) -> bool:
     if not _on_npu(input, target):
         return False
-    source = kernel_source.choose(OP, (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
-    return source == kernel_source.MX_DRIVING
+    source = _kernel_source.choose(OP, (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE))
+    return source == _kernel_source.MX_DRIVING
 
 
 def _mx_loss(input: Any, target: Any, weight: Any, gamma: float, alpha: float) -> Any:
     weight = weight if weight is not None and weight.numel() else None
-    return kernel_source.mx_driving().sigmoid_focal_loss(
+    return _kernel_source.mx_driving().sigmoid_focal_loss(
         input, target, float(gamma), float(alpha), weight, "none"
     )
 

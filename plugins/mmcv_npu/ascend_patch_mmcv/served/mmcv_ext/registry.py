@@ -1,11 +1,11 @@
 """The implementations of ``mmcv._ext`` functions, by name, and the families that hold them.
 
-Each family module (``ascend_patch_mmcv.ext.<family>``) defines functions with the
-exact name and argument names of mmcv's compiled function (mmcv's pybind
+Each family module (``ascend_patch_mmcv.served.mmcv_ext.<family>``) defines functions
+with the exact name and argument names of mmcv's compiled function (mmcv's pybind
 declarations; call sites pass many of them by keyword) and its conventions: most
 write into preallocated output tensors and return None. A family registers each with
-:func:`implements`; the provider (:mod:`ascend_patch_mmcv.ext`) imports every family
-when it builds the module, and serves a stand-in that raises at call time for every
+:func:`implements`; the provider (:mod:`ascend_patch_mmcv.served.mmcv_ext`) imports
+every family when it builds the module, and serves a stand-in that raises at call time for every
 name no family implements.
 """
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .. import kernel_source
+from ... import _kernel_source
 from .registry import implements
 
 
@@ -109,7 +109,7 @@ def _hard_on_mx_driving(
     max_voxels: int,
     deterministic: bool,
 ) -> None:
-    count, got_voxels, got_coors, got_num = kernel_source.mx_driving().voxelization(
+    count, got_voxels, got_coors, got_num = _kernel_source.mx_driving().voxelization(
         points, _floats(voxel_size), _floats(coors_range), max_points, max_voxels,
         deterministic, "ZYX",
     )  # fmt: skip
@@ -149,12 +149,12 @@ def hard_voxelize_forward(
         _on_npu(points)
         and points.shape[0] > 0
         and NDim == 3
-        and kernel_source.choose(
+        and _kernel_source.choose(
             "hard_voxelize_forward",
-            (kernel_source.MX_DRIVING, kernel_source.PORTABLE),
+            (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE),
             mx_names=("voxelization",),
         )
-        == kernel_source.MX_DRIVING
+        == _kernel_source.MX_DRIVING
     ):
         _hard_on_mx_driving(
             points, voxel_size, coors_range, voxels, coors, num_points_per_voxel,

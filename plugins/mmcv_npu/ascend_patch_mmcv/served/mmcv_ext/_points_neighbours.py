@@ -1,6 +1,6 @@
 """Neighbour queries of the point-cloud ``mmcv._ext`` functions: ball query, knn, three_nn.
 
-Semantics and kernels: see :mod:`ascend_patch_mmcv.ext.points`.
+Semantics and kernels: see :mod:`ascend_patch_mmcv.served.mmcv_ext.points`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ its own shape check).
 The convolution is :mod:`ascend_patch_mmcv.deform_conv_kernels`: on NPU tensors
 DrivingSDK's kernel within its domain, else ``torch_npu.npu_deformable_conv2d``,
 else the portable PyTorch kernel (op ``deform_conv2d`` / ``modulated_deform_conv2d``
-of :mod:`ascend_patch_mmcv.kernel_source`); on other tensors the portable kernel. The
+of :mod:`ascend_patch_mmcv._kernel_source`); on other tensors the portable kernel. The
 backward functions recompute the forward with gradients enabled and take
 ``torch.autograd.grad`` of it (each backward function recomputes once). The portable
 kernel computes half and bfloat16 in float32 and rounds once.
@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import deform_conv_kernels
-from .. import kernel_source
+from ... import _kernel_source
+from ... import deform_conv_kernels
 from .registry import implements
 
 
@@ -57,12 +57,12 @@ def _on_npu(*tensors: Any) -> bool:
 def _kernel(input: Any, offset: Any, weight: Any, modulated: bool) -> Callable[..., Any]:
     if not _on_npu(input, offset):
         return deform_conv_kernels.portable
-    source = kernel_source.choose(MDCN_OP if modulated else DCN_OP)
-    if source == kernel_source.MX_DRIVING and deform_conv_kernels.mx_driving_supports(
+    source = _kernel_source.choose(MDCN_OP if modulated else DCN_OP)
+    if source == _kernel_source.MX_DRIVING and deform_conv_kernels.mx_driving_supports(
         input, weight, modulated
     ):
         return deform_conv_kernels.mx_driving_kernel
-    if source == kernel_source.PORTABLE:
+    if source == _kernel_source.PORTABLE:
         return deform_conv_kernels.portable
     return deform_conv_kernels.torch_npu_kernel
 

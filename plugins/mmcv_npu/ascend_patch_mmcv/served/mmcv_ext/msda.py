@@ -19,7 +19,7 @@ one level's samples at a time; autograd of it gives the backward. Half precision
 computed in float32.
 
 On NPU tensors ``mx_driving.multi_scale_deformable_attn`` (op
-``multi_scale_deformable_attn`` of :mod:`ascend_patch_mmcv.kernel_source`) when chosen,
+``multi_scale_deformable_attn`` of :mod:`ascend_patch_mmcv._kernel_source`) when chosen,
 its own autograd giving the backward; torch_npu has no such op.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import kernel_source
+from ... import _kernel_source
 from .registry import implements
 
 
@@ -70,15 +70,15 @@ def multi_scale_deformable_attn(
 def _use_mx(*tensors: Any) -> bool:
     if not _on_npu(*tensors):
         return False
-    source = kernel_source.choose(OP, (kernel_source.MX_DRIVING, kernel_source.PORTABLE))
-    return source == kernel_source.MX_DRIVING
+    source = _kernel_source.choose(OP, (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE))
+    return source == _kernel_source.MX_DRIVING
 
 
 def _attend(
     value: Any, shapes: Any, start: Any, sampling_locations: Any, attention_weights: Any
 ) -> Any:
     if _use_mx(value, sampling_locations) and value.numel() and attention_weights.numel():
-        return kernel_source.mx_driving().multi_scale_deformable_attn(
+        return _kernel_source.mx_driving().multi_scale_deformable_attn(
             value, shapes, start, sampling_locations, attention_weights
         )
     return multi_scale_deformable_attn(value, shapes, sampling_locations, attention_weights)

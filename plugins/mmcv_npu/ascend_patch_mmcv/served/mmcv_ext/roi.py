@@ -32,14 +32,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import kernel_source
+from ... import _kernel_source
 from .registry import implements
 
 
 __all__ = ["roi_align_backward", "roi_align_forward", "roi_pool_backward", "roi_pool_forward"]
 
 OP = "roi_align"
-_SOURCES = (kernel_source.TORCH_NPU, kernel_source.PORTABLE)
+_SOURCES = (_kernel_source.TORCH_NPU, _kernel_source.PORTABLE)
 _AVG = 1  # pool_mode: 0 max, 1 average
 #: The CPU kernel's starting maximum: a bin whose samples are all below it keeps it.
 _MAX_START = -10000.0
@@ -300,7 +300,7 @@ def _use_npu_kernel(features: Any, rois: Any, pool_mode: int, ratio: int, aligne
     if (
         pool_mode != _AVG
         or not _on_npu(features, rois)
-        or kernel_source.choose(OP, _SOURCES) != kernel_source.TORCH_NPU
+        or _kernel_source.choose(OP, _SOURCES) != _kernel_source.TORCH_NPU
     ):
         return False
     return ratio > 0 or not aligned or not bool((rois[:, 3:5] == rois[:, 1:3]).any())

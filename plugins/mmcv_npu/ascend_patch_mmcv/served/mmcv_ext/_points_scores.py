@@ -1,6 +1,6 @@
 """``assign_score_withk`` (PAConv) of the point-cloud ``mmcv._ext`` functions.
 
-Semantics: see :mod:`ascend_patch_mmcv.ext.points`. Portable on every device:
+Semantics: see :mod:`ascend_patch_mmcv.served.mmcv_ext.points`. Portable on every device:
 ``mx_driving.assign_score_withk`` passes ``aggregate`` on to its kernel, while mmcv's
 kernel ignores it (always the sum), so the two need not agree.
 """

@@ -1,4 +1,4 @@
-"""Helpers of the point-cloud ``mmcv._ext`` functions (:mod:`ascend_patch_mmcv.ext.points`)."""
+"""Helpers of the point-cloud ``mmcv._ext`` functions (:mod:`.points`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .. import kernel_source
+from ... import _kernel_source
 
 
 __all__ = ["chunks", "mx_driving_for", "on_npu", "planes", "squared_distances"]
@@ -22,10 +22,10 @@ def on_npu(tensor: Any) -> bool:
 
 def mx_driving_for(op: str, *names: str) -> Any:
     """The mx_driving module when ``op`` runs on its kernel in this process, else None."""
-    source = kernel_source.choose(
-        op, (kernel_source.MX_DRIVING, kernel_source.PORTABLE), mx_names=names
+    source = _kernel_source.choose(
+        op, (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE), mx_names=names
     )
-    return kernel_source.mx_driving() if source == kernel_source.MX_DRIVING else None
+    return _kernel_source.mx_driving() if source == _kernel_source.MX_DRIVING else None
 
 
 def chunks(total: int, per_item: int) -> Iterator[slice]:

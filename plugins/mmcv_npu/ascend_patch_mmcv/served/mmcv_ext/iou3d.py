@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .. import kernel_source
+from ... import _kernel_source
 from .registry import implements
 
 
@@ -48,10 +48,10 @@ def _on_npu(tensor: Any) -> bool:
 
 
 def _mx(op: str, name: str) -> Any:
-    source = kernel_source.choose(
-        op, (kernel_source.MX_DRIVING, kernel_source.PORTABLE), mx_names=(name,)
+    source = _kernel_source.choose(
+        op, (_kernel_source.MX_DRIVING, _kernel_source.PORTABLE), mx_names=(name,)
     )
-    return kernel_source.mx_driving() if source == kernel_source.MX_DRIVING else None
+    return _kernel_source.mx_driving() if source == _kernel_source.MX_DRIVING else None
 
 
 # The polygon code works on planes [k, P]: k points (corners, edges) of P box pairs, the

@@ -1,7 +1,8 @@
 """Builds the ``mmcv._ext`` the mmcv plugin serves where mmcv has no compiled ops.
 
-The plugin declares ``ReplaceImport("mmcv._ext", "ascend_patch_mmcv.ext.provider:
-build_module", when_missing=True)``: the core calls :func:`build_module` on the first
+The plugin declares ``ReplaceImport("mmcv._ext",
+"ascend_patch_mmcv.served.mmcv_ext.provider:build_module", when_missing=True)`` (in
+:func:`ascend_patch_mmcv.groups.import_rules`): the core calls :func:`build_module` on the first
 ``import mmcv._ext`` (``import mmcv.ops``), and only where the import system finds no
 real ``mmcv._ext`` -- a compiled mmcv keeps its own.
 
@@ -56,8 +57,8 @@ class ExtOpNotImplementedError(NotImplementedError):
             f"stands in for the compiled ops that mmcv {release} lacks here; {who} asks for "
             f"it). To run it: install an mmcv built with its compiled ops for this device "
             f"(MMCV_WITH_OPS=1, built against torch_npu for the NPU), or contribute a kernel "
-            f"to ascend_patch_mmcv.ext (an mx_driving kernel on the NPU, portable PyTorch "
-            f"elsewhere; {_DOCS})."
+            f"to ascend_patch_mmcv.served.mmcv_ext (an mx_driving kernel on the NPU, portable "
+            f"PyTorch elsewhere; {_DOCS})."
         )
 
 

@@ -1,7 +1,7 @@
 """The patches of NuScenesDataset and NuScenesMetric, declared without numpy.
 
 ``apply()`` and ``doctor`` build these (mmdet3d installed is enough); the vectorised
-replacements in :mod:`ascend_patch_mmcv.nuscenes_boxes` import numpy, so they are
+replacements in :mod:`ascend_patch_mmcv.nuscenes_kernels` import numpy, so they are
 made only when mmdet3d's module is imported and the patch is installed (each
 ``target_wrapper`` imports them then). The runtime checks use torch tensors only.
 """
@@ -46,9 +46,9 @@ def _replacement(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         # Imported here, at installation: it imports numpy. (It imports nothing of this
         # module, so there is no import circle.)
-        from . import nuscenes_boxes
+        from . import nuscenes_kernels
 
-        make: Callable[[Callable[..., Any]], Callable[..., Any]] = getattr(nuscenes_boxes, name)
+        make: Callable[[Callable[..., Any]], Callable[..., Any]] = getattr(nuscenes_kernels, name)
         return make(original)
 
     return wrap

@@ -28,7 +28,7 @@ one -- every function here but ``points_in_boxes_cpu_forward``):
   a neighbour index outside ``[0, N0)`` contributes nothing.
 
 Kernels: on NPU tensors the ``mx_driving`` kernel where one exists and was chosen
-(:mod:`ascend_patch_mmcv.kernel_source`): furthest point sampling (both), knn,
+(:mod:`ascend_patch_mmcv._kernel_source`): furthest point sampling (both), knn,
 three_nn (indices; the squared distances are then gathered exactly), group_points
 and three_interpolate forward, points in boxes (part, all); otherwise portable
 PyTorch. Portable code is vectorised over points and boxes; the only loops are
