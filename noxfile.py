@@ -152,8 +152,10 @@ def core_pythons(session: nox.Session) -> None:
     """The core's tests on the oldest and the newest supported Python this machine has.
 
     Without torch: this machine holds a CPU build of torch for one Python only, and any
-    other torch is a multi-GB CUDA download. tests/conftest.py leaves out what needs torch
-    (ASCEND_PATCH_TEST_WITHOUT_TORCH); the full suite runs in the tests session.
+    other torch is a multi-GB CUDA download. The root conftest.py leaves out what needs
+    torch (ASCEND_PATCH_TEST_WITHOUT_TORCH); the full suite runs in the tests session.
+    The training kit's tests live beside it and its torch-free ones run here too (the
+    emulator kit's need torch throughout).
     """
     if not CORE_PYTHONS:
         session.skip(f"none of Python {', '.join(SUPPORTED_PYTHONS)} found besides nox's own")
@@ -166,6 +168,7 @@ def core_pythons(session: nox.Session) -> None:
     session.run(
         "pytest",
         "tests",
+        "kits/training/tests",
         "-m",
         "not venv",
         *session.posargs,
@@ -185,7 +188,7 @@ def training_stack_tests(
     session.install(*install_args, "-r", f"requirements/{requirements}")
     session.run(
         "pytest",
-        f"tests/test_training_{stack}.py",
+        f"kits/training/tests/test_training_{stack}.py",
         *session.posargs,
         env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": stack},
     )

@@ -1,26 +1,13 @@
-"""Shared fixtures for the core tests.
+"""The core's tests: the helper modules beside them (cycles.py, bare_venv.py) on the path.
 
-Tests build real packages on disk (``make_package``) under unique names, so that the
-import system, the hub's finder and the target resolver run exactly as they do for
-users; every module a test imported from its temporary directory is removed from
-``sys.modules`` afterwards.
+The fixtures and the hygiene every test directory shares (tests/, kits/*/tests,
+plugins/*/tests) are in the repository's root conftest.py.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
-import re
 import sys
-import textwrap
-from collections.abc import Callable
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-
-from ascend_patch_core import Patcher
-from ascend_patch_core.imports._hub import hub
 
 
 # Helper modules beside the tests (cycles.py) are imported by name: --import-mode=importlib
@@ -28,125 +15,3 @@ from ascend_patch_core.imports._hub import hub
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-
-
-_counter = itertools.count()
-
-PackageFactory = Callable[..., str]
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _isolated_metadata_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Keep the on-disk metadata cache of test runs out of the user's home."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("ASCEND_PATCH_CACHE_DIR", str(tmp_path_factory.mktemp("metadata-cache")))
-    yield
-    mp.undo()
-
-
-@pytest.fixture(autouse=True)
-def _clean_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The environment switches of the developer's shell must not leak into tests."""
-    for name in (
-        "ASCEND_PATCH_DISABLE",
-        "ASCEND_PATCH_PLUGINS",
-        "ASCEND_PATCH_AUTOLOAD",
-        "ASCEND_PATCH_STRICT",
-    ):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def make_package(tmp_path: Path) -> Iterator[PackageFactory]:
-    """Write a package tree and put it on sys.path; returns its unique top-level name.
-
-    ``make_package({"__init__.py": "...", "core.py": "..."})`` creates package
-    ``pkgN`` (N unique in the session) whose files are the given sources (dedented).
-    Use ``{name}`` inside sources to refer to the package's own name.
-    """
-    root = tmp_path / "site"
-    root.mkdir()
-    sys.path.insert(0, str(root))
-    created: list[str] = []
-
-    def factory(files: dict[str, str], name: str | None = None) -> str:
-        pkg = name or f"appkg{next(_counter)}"
-        for rel, source in files.items():
-            path = root / pkg / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(textwrap.dedent(source).replace("{name}", pkg))
-        for directory in [p for p in (root / pkg).rglob("*") if p.is_dir()] + [root / pkg]:
-            init = directory / "__init__.py"
-            if not init.exists():
-                init.write_text("")
-        created.append(pkg)
-        import importlib
-
-        importlib.invalidate_caches()
-        return pkg
-
-    yield factory
-    sys.path.remove(str(root))
-    for module_name in list(sys.modules):
-        if any(module_name == pkg or module_name.startswith(pkg + ".") for pkg in created):
-            del sys.modules[module_name]
-
-
-@pytest.fixture
-def patcher() -> Iterator[Patcher]:
-    """A fresh Patcher, always reverted at the end of the test."""
-    p = Patcher()
-    yield p
-    p.revert()
-
-
-@pytest.fixture(autouse=True)
-def _no_hub_leak() -> Iterator[None]:
-    """Every test must leave the import hub as it found it (reverts are exact)."""
-    before = (dict(hub._watches), list(hub._patterns), dict(hub._served), hub.installed)
-    yield
-    after = (dict(hub._watches), list(hub._patterns), dict(hub._served), hub.installed)
-    if after != before:
-        # Clean up so one leaking test does not fail all the following ones.
-        hub._watches.clear()
-        hub._watches.update(before[0])
-        hub._patterns[:] = before[1]
-        hub._served.clear()
-        hub._served.update(before[2])
-        hub._recompute_roots()
-        hub._maybe_uninstall()
-        pytest.fail(
-            f"the test left import-hub state behind: watches/patterns/served changed ({hub!r})"
-        )
-
-
-#: Set by the nox session ``core_pythons``: the core's tests on the oldest and newest
-#: supported Pythons, where this machine has no CPU build of torch (an unpinned or
-#: non-cp311 torch is a multi-GB CUDA download). Tests that need torch are then left out:
-#: modules that import it (or the emulator kit) at the top, and tests marked ``torch``.
-#: Everywhere else they run.
-WITHOUT_TORCH = os.environ.get("ASCEND_PATCH_TEST_WITHOUT_TORCH") == "1"
-_TOP_LEVEL_TORCH_IMPORT = re.compile(
-    r"^(?:import|from) (?:torch|ascend_patch_emulator)\b", re.MULTILINE
-)
-
-
-def pytest_ignore_collect(collection_path: Path) -> bool | None:
-    if not WITHOUT_TORCH:
-        return None
-    if collection_path.name == "emulator" and collection_path.is_dir():
-        return True  # the emulator kit's tests: torch everywhere
-    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return bool(_TOP_LEVEL_TORCH_IMPORT.search(collection_path.read_text(encoding="utf-8")))
-    return None
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if not WITHOUT_TORCH:
-        return
-    skip = pytest.mark.skip(reason="needs torch; this session (core_pythons) runs without it")
-    for item in items:
-        # The emulator kit's fixtures (npu_emulator, ...) need torch as well.
-        uses_emulator = any(f.startswith("npu_") for f in getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("torch") or uses_emulator:
-            item.add_marker(skip)

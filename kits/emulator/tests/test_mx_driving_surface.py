@@ -26,7 +26,7 @@ from ascend_patch_emulator._mx_data import mx_data_source
 from ascend_patch_emulator._mx_kernels import implementations
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VERSION = available_mx_versions()[-1]
 API = load_mx_api(VERSION)
 IMPLEMENTED = sorted(implementations())

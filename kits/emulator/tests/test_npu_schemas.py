@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "kits" / "emulator" / "ascend_patch_emulator" / "data"
 REQUIRED = ["2.1.0.post17", "2.6.0.post5", "2.9.0.post9", "2.12.0.post3", "2.13.0", "2.14.0"]
 
