@@ -21,7 +21,7 @@ from ascend_patch_core import Patch
 
 
 if TYPE_CHECKING:
-    from ascend_patch_core import ReplaceImport
+    from ascend_patch_core import ImportRule
 
 
 __all__ = [
@@ -350,7 +350,7 @@ def torch_scatter_installed() -> bool:
         return False
 
 
-def import_rules() -> list[ReplaceImport]:
+def import_rules() -> list[ImportRule]:
     """Every import rule of the plugin: :mod:`ascend_patch_torch.served.torch_scatter`.
 
     Served as ``torch_scatter`` (and its ``composite`` / ``utils`` submodules) only when

@@ -33,7 +33,7 @@ from ascend_patch_core import Patch
 
 
 if TYPE_CHECKING:
-    from ascend_patch_core import ReplaceImport
+    from ascend_patch_core import ImportRule
 
 
 __all__ = [
@@ -186,7 +186,7 @@ def findable(name: str) -> bool:
         return False
 
 
-def import_rules() -> list[ReplaceImport]:
+def import_rules() -> list[ImportRule]:
     """Modules served on an NPU machine (nothing is imported here; a few ``find_spec``).
 
     * ``flash_attn`` (and ``flash_attn.bert_padding``, ``flash_attn.flash_attn_interface``)
@@ -204,7 +204,7 @@ def import_rules() -> list[ReplaceImport]:
     # Imported here: the core loads its import-rule machinery only for programs that use it.
     from ascend_patch_core import ReplaceImport
 
-    rules = [
+    rules: list[ImportRule] = [
         ReplaceImport(name, "ascend_patch_transformers.served.flash_attn:build", when_missing=True)
         for name in ("flash_attn", "flash_attn.bert_padding", "flash_attn.flash_attn_interface")
     ]
