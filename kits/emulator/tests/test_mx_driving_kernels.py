@@ -337,7 +337,7 @@ def test_scatter_max_with_out_takes_its_values_into_the_max(mx):
 def test_the_torch_plugins_scatter_reaches_these_kernels_and_agrees_with_its_torch_path(
     emulated,
 ):
-    compat = pytest.importorskip("ascend_patch_torch.torch_scatter_compat")
+    compat = pytest.importorskip("ascend_patch_torch.served.torch_scatter")
     from ascend_patch_emulator import CallRecorder
 
     g = _generator(9)

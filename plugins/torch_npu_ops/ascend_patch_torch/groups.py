@@ -1,4 +1,4 @@
-"""Every patch group of the plugin: its name, requirement, 1.0 name and documentation.
+"""Every patch group of the plugin (:data:`GROUPS`, in report order) and its import rules.
 
 This module is what ``apply()`` imports. It imports no patch family: a group's
 ``patches()`` imports its family module only when the group is built, which the
@@ -12,6 +12,7 @@ modules do not import this one: import a group from here.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
@@ -19,7 +20,12 @@ from ascend_patch_core import ModuleHook
 from ascend_patch_core import Patch
 
 
+if TYPE_CHECKING:
+    from ascend_patch_core import ImportRule
+
+
 __all__ = [
+    "GROUPS",
     "NPU_RUNTIME",
     "Autocast",
     "BatchMatmul",
@@ -40,6 +46,8 @@ __all__ = [
     "TensorIndex",
     "TorchInternals",
     "TorchScatter",
+    "import_rules",
+    "torch_scatter_installed",
 ]
 
 #: The requirement of every group that redirects to the NPU. Checked from metadata
@@ -294,6 +302,74 @@ class TorchScatter(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .scatter_patches import torch_scatter_patches
+        from .scatter import torch_scatter_patches
 
         return torch_scatter_patches(options)
+
+
+#: Every group of the plugin, in the order the report lists them.
+#: ``plugin.register_patches`` declares :class:`TorchScatter` only where torch_scatter
+#: is installed (see :func:`torch_scatter_installed`).
+GROUPS: tuple[type[Patch], ...] = (
+    # CUDA -> NPU redirect (each patch checks for an NPU runtime before installing).
+    NpuRuntime,
+    CudaApi,
+    FactoryDevices,
+    Serialization,
+    TensorDevices,
+    ModuleDevices,
+    Storages,
+    DeviceContext,
+    GeneratorAndEvent,
+    Autocast,
+    ScriptBuiltins,
+    TorchInternals,
+    Distributed,
+    Profiler,
+    # The DrivingSDK patcher's table.
+    NumpyCompat,
+    BatchMatmul,
+    TorchScatter,
+    # Opt-in (``opt_in = True``): always declared, skipped by the core unless enabled by
+    # name (ASCEND_PATCH_ENABLE=TensorIndex, apply(enable=...), Patcher.enable(...)):
+    # they cost something on every call of a hot function.
+    TensorIndex,
+    FusedOptimizers,
+)
+
+
+def torch_scatter_installed() -> bool:
+    """Whether a real torch_scatter is installed (a ``find_spec``, no import)."""
+    # Imported here: groups.py imports only typing modules and the core at module level
+    # (the plugin anatomy, docs/plugin-authors.md).
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch_scatter") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def import_rules() -> list[ImportRule]:
+    """Every import rule of the plugin: :mod:`ascend_patch_torch.served.torch_scatter`.
+
+    Served as ``torch_scatter`` (and its ``composite`` / ``utils`` submodules) only when
+    torch_scatter is not installed and an NPU runtime is importable; where it is
+    installed, :class:`TorchScatter` patches it instead.
+    """
+    if torch_scatter_installed():
+        return []
+    # Imported here: runtime.py is a family module (NpuRuntime's), which groups.py does
+    # not import at module level, and the core loads its import-rule machinery only for
+    # programs that use it.
+    from . import runtime
+
+    if not runtime.npu_runtime_importable():
+        return []
+    from ascend_patch_core import ReplaceImport
+
+    return [
+        ReplaceImport("torch_scatter", "ascend_patch_torch.served.torch_scatter:build"),
+        ReplaceImport("torch_scatter.composite", "ascend_patch_torch.served.torch_scatter:build"),
+        ReplaceImport("torch_scatter.utils", "ascend_patch_torch.served.torch_scatter:build"),
+    ]

@@ -16,42 +16,16 @@ from . import groups
 
 @hookimpl
 def register_import_rules() -> list[object]:
-    from . import scatter_patches
-
-    return list(scatter_patches.import_rules())
+    """The modules served where the real one is missing (``torch_scatter`` on an NPU machine)."""
+    return list(groups.import_rules())
 
 
 @hookimpl
 def register_patches() -> list[type[Patch]]:
-    declared: list[type[Patch]] = [
-        # CUDA -> NPU redirect (each patch checks for an NPU runtime before installing).
-        groups.NpuRuntime,
-        groups.CudaApi,
-        groups.FactoryDevices,
-        groups.Serialization,
-        groups.TensorDevices,
-        groups.ModuleDevices,
-        groups.Storages,
-        groups.DeviceContext,
-        groups.GeneratorAndEvent,
-        groups.Autocast,
-        groups.ScriptBuiltins,
-        groups.TorchInternals,
-        groups.Distributed,
-        groups.Profiler,
-        # The DrivingSDK patcher's table.
-        groups.NumpyCompat,
-        groups.BatchMatmul,
-    ]
-    from . import scatter_patches
-
-    if scatter_patches.torch_scatter_installed():
-        declared.append(groups.TorchScatter)
-    # Opt-in (``opt_in = True``): always declared, skipped by the core unless enabled by
-    # name (ASCEND_PATCH_ENABLE=TensorIndex, apply(enable=...), Patcher.enable(...)):
-    # they cost something on every call of a hot function.
-    declared += [groups.TensorIndex, groups.FusedOptimizers]
-    return declared
+    """Every group of the plugin (:data:`groups.GROUPS`), TorchScatter only with torch_scatter."""
+    # Without torch_scatter (served by the import rules) TorchScatter is not declared, nor listed.
+    installed = groups.torch_scatter_installed()
+    return [group for group in groups.GROUPS if installed or group is not groups.TorchScatter]
 
 
 @hookimpl

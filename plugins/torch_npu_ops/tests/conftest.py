@@ -1,11 +1,23 @@
-"""Fixtures for the torch plugin's tests: the NPU emulator with the plugin's patches applied."""
+"""Fixtures for the torch plugin's tests: the NPU emulator with the plugin's patches applied.
+
+The suite runs with ``--import-mode=importlib``, where a test module cannot import a
+sibling; this directory goes on ``sys.path`` so that ``from torch_transfer_coverage
+import ...`` (test and doc data, not shipped in the wheel) works in every test module here.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 
 def require(module: str):

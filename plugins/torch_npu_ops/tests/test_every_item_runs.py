@@ -1,7 +1,7 @@
 """Every covered transfer_to_npu item, and every other redirect patch, runs once under the emulator.
 
-Parametrized from ``ascend_patch_torch.transfer_coverage`` (the declarations the doc table
-is generated from) and from the patches the groups declare: an item or a patch without an
+Parametrized from ``torch_transfer_coverage`` (beside these tests: the declarations the doc
+table is generated from) and from the patches the groups declare: an item or a patch without an
 exercise fails. An exercise (``exercises_*.py``) calls the item the way CUDA-written code
 does (``"cuda:0"``, ``torch.device("cuda", 0)``, ``0``) and checks the effect; each patch
 it stands for must then be applied and, where it counts calls, show a redirected one.
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from ascend_patch_torch import plugin
-from ascend_patch_torch.transfer_coverage import ITEMS
-from ascend_patch_torch.transfer_coverage import declared_patches
-from ascend_patch_torch.transfer_coverage import patches_of
+from torch_transfer_coverage import ITEMS
+from torch_transfer_coverage import declared_patches
+from torch_transfer_coverage import patches_of
 
 from ascend_patch_core import Patcher
 

@@ -2,8 +2,8 @@
 
 docs/torch-plugin.md once claimed coverage it did not have (every shared torch.cuda name,
 ``torch.cuda.device``, every factory, the profiler row): its table is now written by
-tools/torch_coverage_table.py from ``ascend_patch_torch.transfer_coverage``, and these
-tests fail when an item names a patch the plugin does not declare or the page is stale.
+tools/torch_coverage_table.py from ``torch_transfer_coverage`` (beside these tests), and
+these tests fail when an item names a patch the plugin does not declare or the page is stale.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from ascend_patch_torch.transfer_coverage import ITEMS
-from ascend_patch_torch.transfer_coverage import ROWS
-from ascend_patch_torch.transfer_coverage import declared_patches
-from ascend_patch_torch.transfer_coverage import patches_of
+from torch_transfer_coverage import ITEMS
+from torch_transfer_coverage import ROWS
+from torch_transfer_coverage import declared_patches
+from torch_transfer_coverage import patches_of
 
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -3,10 +3,10 @@
 With ``sparse_mode`` 2 (top-left causal), 3 (down-right causal) or 4 (band) the op reads
 a fixed 2048 x 2048 boolean upper triangle (True = masked out) whatever the sequence
 lengths, so one mask per device serves every call: building it per call would allocate
-4 MB and launch a kernel each time. The attention interface (:mod:`.attention`) and the
-``flash_attn`` stand-in (:mod:`.flash_attn_compat`) share this cache: one mask per
-device in the process, as transformers' own NPU flash-attention integration (4.53+)
-keeps. :func:`release` frees them (a long-lived process that stops using attention
+4 MB and launch a kernel each time. The attention interface
+(:mod:`.attention_kernels`) and the ``flash_attn`` stand-in (:mod:`.served.flash_attn`)
+share this cache: one mask per device in the process, as transformers' own NPU
+flash-attention integration (4.53+) keeps. :func:`release` frees them (a long-lived process that stops using attention
 on a device).
 """
 

@@ -33,7 +33,7 @@ from ascend_patch_core import Patch
 
 
 if TYPE_CHECKING:
-    from ascend_patch_core import ReplaceImport
+    from ascend_patch_core import ImportRule
 
 
 __all__ = [
@@ -87,7 +87,7 @@ class AccelerateNpu(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .accelerate_compat import accelerate_patches
+        from .accelerate_npu import accelerate_patches
 
         return accelerate_patches(options)
 
@@ -166,7 +166,7 @@ class NpuAttention(Patch):
     Registers the name in ``ALL_ATTENTION_FUNCTIONS`` (and, from transformers 4.53, the
     SDPA mask builder under it); calls the op for the inputs it takes and transformers'
     ``sdpa`` (``eager`` for attention weights) for the others, counted in the report
-    (see :mod:`ascend_patch_transformers.attention`). ``flash_attention_2`` is left to
+    (see :mod:`ascend_patch_transformers.attention_kernels`). ``flash_attention_2`` is left to
     transformers' own NPU path (``transformers.integrations.npu_flash_attention``).
     """
 
@@ -174,7 +174,7 @@ class NpuAttention(Patch):
 
     @classmethod
     def patches(cls, options: Any = None) -> Iterator[AtomicPatch]:
-        from .attention_patches import attention_patches
+        from .attention import attention_patches
 
         return attention_patches(options, npu_module_served=npu_integration_needs_einops())
 
@@ -186,15 +186,16 @@ def findable(name: str) -> bool:
         return False
 
 
-def import_rules() -> list[ReplaceImport]:
+def import_rules() -> list[ImportRule]:
     """Modules served on an NPU machine (nothing is imported here; a few ``find_spec``).
 
     * ``flash_attn`` (and ``flash_attn.bert_padding``, ``flash_attn.flash_attn_interface``)
-      by :mod:`ascend_patch_transformers.flash_attn_compat`, only while no real
+      by :mod:`ascend_patch_transformers.served.flash_attn`, only while no real
       flash_attn is installed (``when_missing``): a real one is always imported instead;
     * with transformers 4.51/4.52 and no einops: transformers' own
-      ``integrations.npu_flash_attention``, which imports einops and, through
-      ``modeling_flash_attention_utils``, makes every model module fail to import.
+      ``integrations.npu_flash_attention`` (by the same module), which imports einops
+      and, through ``modeling_flash_attention_utils``, makes every model module fail to
+      import.
 
     Only where an NPU runtime is importable (torch_npu, or the emulator's).
     """
@@ -203,15 +204,15 @@ def import_rules() -> list[ReplaceImport]:
     # Imported here: the core loads its import-rule machinery only for programs that use it.
     from ascend_patch_core import ReplaceImport
 
-    compat = "ascend_patch_transformers.flash_attn_compat"
-    rules = [
-        ReplaceImport(name, f"{compat}:build", when_missing=True)
+    rules: list[ImportRule] = [
+        ReplaceImport(name, "ascend_patch_transformers.served.flash_attn:build", when_missing=True)
         for name in ("flash_attn", "flash_attn.bert_padding", "flash_attn.flash_attn_interface")
     ]
     if npu_integration_needs_einops():
         rules.append(
             ReplaceImport(
-                "transformers.integrations.npu_flash_attention", f"{compat}:build_npu_integration"
+                "transformers.integrations.npu_flash_attention",
+                "ascend_patch_transformers.served.flash_attn:build_npu_integration",
             )
         )
     return rules

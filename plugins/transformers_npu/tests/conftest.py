@@ -26,7 +26,7 @@ def _npu_integration_without_einops(request: pytest.FixtureRequest) -> Iterator[
     sees an NPU, and every modeling module imports it: the NpuAttention group's import
     rule serves it without einops. Tests that use the emulator but build their own
     Patcher get that rule here, so that they pass whatever ran before them (the rule
-    itself is tested in test_flash_attn_compat.py). Elsewhere: nothing.
+    itself is tested in test_served_flash_attn.py). Elsewhere: nothing.
     """
     if "npu_emulator" not in request.fixturenames:
         yield

@@ -16,12 +16,12 @@ from hf_stacks import require_module
 transformers = require_module("transformers")
 
 import torch  # noqa: E402
-from ascend_patch_transformers.attention import IMPLEMENTATION  # noqa: E402
+from ascend_patch_transformers.attention_kernels import IMPLEMENTATION  # noqa: E402
 from ascend_patch_transformers.groups import NpuAttention  # noqa: E402
 from ascend_patch_transformers.groups import import_rules  # noqa: E402
 
 
-FUSED = "ascend_patch_transformers.attention:npu_attention_forward"
+FUSED = "ascend_patch_transformers.attention_kernels:npu_attention_forward"
 
 
 @pytest.fixture(autouse=True)

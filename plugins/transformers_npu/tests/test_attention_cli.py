@@ -98,8 +98,9 @@ def test_npu_implementation_equals_sdpa_and_counts(run):
     results, records = run
     _close(results["npu"]["logits"], results["sdpa"]["logits"])
     assert results["npu"]["tokens"] == results["sdpa"]["tokens"]
-    assert results["npu"]["callers"] == ["attention.py"]
-    counters = records["ascend_patch_transformers.attention:npu_attention_forward"]["counters"]
+    assert results["npu"]["callers"] == ["attention_kernels.py"]
+    fused = "ascend_patch_transformers.attention_kernels:npu_attention_forward"
+    counters = records[fused]["counters"]
     assert counters["replacement_calls"] >= 2 * 5 and counters["fallback_calls"] == 0
     assert not results["sdpa"]["callers"]  # sdpa is left to torch (torch_npu's kernel on an NPU)
 
@@ -113,7 +114,7 @@ def test_flash_attention_2_takes_transformers_npu_path(run):
     from ascend_patch_transformers.groups import npu_integration_needs_einops
 
     if npu_integration_needs_einops():  # transformers 4.51/4.52 without einops
-        assert flash["callers"] == ["flash_attn_compat.py"]  # the einops-free stand-in
+        assert flash["callers"] == ["flash_attn.py"]  # the einops-free stand-in (served/)
     else:
         assert flash["callers"] == ["npu_flash_attention.py"]  # transformers' own
     check = records.get(
@@ -125,8 +126,8 @@ def test_flash_attention_2_takes_transformers_npu_path(run):
 
 def test_flash_attn_is_the_stand_in(run):
     results, _ = run
-    assert results["flash_attn"] == "ascend_patch_transformers.flash_attn_compat"
-    assert results["unpad_input"] == "ascend_patch_transformers.flash_attn_compat"
+    assert results["flash_attn"] == "ascend_patch_transformers.served.flash_attn"
+    assert results["unpad_input"] == "ascend_patch_transformers.served.flash_attn"
 
 
 def test_doctor_names_the_paths():

@@ -22,7 +22,7 @@ from ascend_patch_transformers.groups import NpuAttention  # noqa: E402
 from ascend_patch_transformers.groups import import_rules  # noqa: E402
 
 
-FUSED = "ascend_patch_transformers.attention:npu_attention_forward"
+FUSED = "ascend_patch_transformers.attention_kernels:npu_attention_forward"
 B, NQ, NKV, S, D = 2, 4, 2, 5, 16
 
 

@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ascend_patch_transformers import attention  # noqa: E402
+from ascend_patch_transformers import attention_kernels  # noqa: E402
 from ascend_patch_transformers import causal_mask  # noqa: E402
-from ascend_patch_transformers import flash_attn_compat  # noqa: E402
+from ascend_patch_transformers.served import flash_attn  # noqa: E402
 
 
 def test_the_mask_is_the_upper_triangle_true_masked_out() -> None:
@@ -28,9 +28,9 @@ def test_one_mask_per_device_for_both_attention_paths() -> None:
     assert causal_mask.compressed_causal_mask(torch.device("cpu")) is first
     # The flash_attn stand-in hands the op the cached mask (causal, and a sliding window)...
     for window in ((-1, -1), (3, 0)):
-        assert flash_attn_compat._band(True, window, torch.device("cpu"))["atten_mask"] is first
+        assert flash_attn._band(True, window, torch.device("cpu"))["atten_mask"] is first
     # ... and the attention interface asks the same cache.
-    assert attention.compressed_causal_mask is causal_mask.compressed_causal_mask
+    assert attention_kernels.compressed_causal_mask is causal_mask.compressed_causal_mask
 
 
 def test_release_forgets_the_masks() -> None:

@@ -1,6 +1,6 @@
 """transfer_to_npu's library functions, run under the NPU emulator with the torch plugin.
 
-Each ``redirect`` / ``patch`` item of ``ascend_patch_transformers.hf_transfer_coverage``
+Each ``redirect`` / ``patch`` item of ``hf_transfer_coverage`` (beside these tests)
 names a test here (or elsewhere); each test runs the library's own function the way
 the library calls it and checks that it gives the NPU answer. Results are emulated.
 """
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hf_transfer_coverage
 import pytest
-from ascend_patch_transformers import hf_transfer_coverage
 from hf_stacks import require_module
 from hf_stacks import required
 

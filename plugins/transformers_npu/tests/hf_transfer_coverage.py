@@ -21,6 +21,7 @@ This is the single source of the table in docs/transformers-plugin.md
 (``tools/hf_transfer_table.py`` writes it) and of
 ``tests/test_transfer_coverage.py``, which runs each ``redirect`` and ``patch`` item
 whose library is installed, under the NPU emulator with the torch plugin applied.
+Test and doc data, so it lives beside the plugin's tests, not in its wheel.
 Importing this module imports no library.
 """
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ascend_patch_emulator import CallRecorder
-from ascend_patch_transformers import flash_attn_compat as fa
 from ascend_patch_transformers.groups import import_rules
+from ascend_patch_transformers.served import flash_attn as fa
 
 
 NQ, NKV, D = 4, 2, 16

@@ -1,11 +1,13 @@
 """TorchScatter: torch_scatter on the NPU, whether or not torch_scatter is installed.
 
-* Not installed (it does not build against torch_npu): :func:`import_rules` serves
-  :mod:`ascend_patch_torch.torch_scatter_compat` as ``torch_scatter`` (and its
+* Not installed (it does not build against torch_npu):
+  :func:`ascend_patch_torch.groups.import_rules` serves
+  :mod:`ascend_patch_torch.served.torch_scatter` as ``torch_scatter`` (and its
   ``composite`` / ``utils`` submodules), so ``import torch_scatter`` works unchanged.
 * Installed: its compiled kernels accept CPU and CUDA tensors only, so
-  :class:`TorchScatter` routes calls whose ``src`` is an NPU tensor to the compatible
-  functions and leaves the others to torch_scatter (each call counted in the report).
+  :class:`~ascend_patch_torch.groups.TorchScatter` (declared only then) routes calls
+  whose ``src`` is an NPU tensor to the served module's functions and leaves the others
+  to torch_scatter (each call counted in the report).
 
 Both apply only where an NPU runtime is importable. Importing this module imports
 neither torch nor torch_scatter.
@@ -13,9 +15,7 @@ neither torch nor torch_scatter.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 from typing import Any
 
 from ascend_patch_core import AtomicPatch
@@ -23,18 +23,10 @@ from ascend_patch_core import AtomicPatch
 from .runtime import npu_runtime_importable
 
 
-if TYPE_CHECKING:
-    from ascend_patch_core import ReplaceImport
+__all__ = ["on_npu", "torch_scatter_patches"]
 
-
-__all__ = [
-    "import_rules",
-    "on_npu",
-    "torch_scatter_installed",
-    "torch_scatter_patches",
-]
-
-_COMPAT = "ascend_patch_torch.torch_scatter_compat"
+#: The served stand-in, whose functions replace torch_scatter's for NPU tensors.
+_SERVED = "ascend_patch_torch.served.torch_scatter"
 
 # defining module (under torch_scatter) -> functions it defines
 _FUNCTIONS = {
@@ -71,28 +63,6 @@ _FUNCTIONS = {
 }
 
 
-def torch_scatter_installed() -> bool:
-    try:
-        return importlib.util.find_spec("torch_scatter") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def import_rules() -> list[ReplaceImport]:
-    """The rules serving the compatible module, when torch_scatter is absent and an NPU is there."""
-    if torch_scatter_installed() or not npu_runtime_importable():
-        return []
-    # Imported here: the core loads its import-rule machinery only for programs that use it.
-    from ascend_patch_core import ReplaceImport
-
-    factory = f"{_COMPAT}:build"
-    return [
-        ReplaceImport("torch_scatter", factory),
-        ReplaceImport("torch_scatter.composite", factory),
-        ReplaceImport("torch_scatter.utils", factory),
-    ]
-
-
 def on_npu(src: Any, *args: Any, **kwargs: Any) -> bool:
     """``runtime_check``: the call's ``src`` is an NPU tensor (torch_scatter cannot take it)."""
     return bool(getattr(src, "is_npu", False))
@@ -107,7 +77,7 @@ def torch_scatter_patches(options: Any = None) -> Iterator[AtomicPatch]:
                 aliases.append(f"torch_scatter.composite.{name}")
             yield AtomicPatch(
                 f"torch_scatter.{module}:{name}",
-                f"{_COMPAT}:{name}",
+                f"{_SERVED}:{name}",
                 runtime_check=on_npu,
                 precheck=npu_runtime_importable,
                 aliases=aliases,

@@ -1,6 +1,6 @@
 """torch_scatter's ``scatter_*`` functions and the helpers the other families share.
 
-Part of :mod:`ascend_patch_torch.torch_scatter_compat`, which re-exports every public
+Part of :mod:`ascend_patch_torch.served.torch_scatter`, which re-exports every public
 name; import them from there. Kernels: ``mx_driving.scatter_add`` / ``scatter_mean`` /
 ``scatter_max`` when mx_driving is importable and the input is a float32 NPU tensor in
 their domain; otherwise ``Tensor.scatter_add_`` / ``scatter_reduce_``.

@@ -9,7 +9,9 @@ tests refuse.
 
 This is the single source of the coverage table in docs/torch-plugin.md
 (``tools/torch_coverage_table.py`` writes it; a test fails when the page is stale) and
-of the test that runs every covered item (``tests/test_every_item_runs.py``).
+of the test that runs every covered item (``tests/test_every_item_runs.py``). Test and
+doc data, so it lives beside the plugin's tests, not in its wheel; the name is distinct
+because the tests directories of every plugin share one ``sys.path``.
 
 The names under section 1 are those of ``torch_npu.npu.__all__`` that ``torch.cuda``
 also has (torch 2.13): ``transfer_to_npu`` copies every name of ``__all__`` onto
@@ -23,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from ascend_patch_core import AtomicPatch
+from ascend_patch_torch import groups
+from ascend_patch_torch import plugin
 
-from . import groups
-from . import plugin
+from ascend_patch_core import AtomicPatch
 
 
 __all__ = ["ITEMS", "ROWS", "Declared", "Item", "Row", "declared_patches", "patches_of"]

@@ -1,6 +1,6 @@
 """torch_scatter's ``composite`` functions: softmax, log-softmax, logsumexp and std per index.
 
-Part of :mod:`ascend_patch_torch.torch_scatter_compat`, which re-exports every public
+Part of :mod:`ascend_patch_torch.served.torch_scatter`, which re-exports every public
 name (and serves them as ``torch_scatter.composite``); import them from there.
 """
 

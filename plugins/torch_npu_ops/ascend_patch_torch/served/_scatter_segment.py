@@ -1,6 +1,6 @@
 """torch_scatter's ``segment_*_coo`` / ``segment_*_csr`` and ``gather_coo`` / ``gather_csr``.
 
-Part of :mod:`ascend_patch_torch.torch_scatter_compat`, which re-exports every public
+Part of :mod:`ascend_patch_torch.served.torch_scatter`, which re-exports every public
 name; import them from there. Each segment reduction is a scatter over the segment
 index of every element, so the kernels are those of :mod:`._scatter_ops`.
 """

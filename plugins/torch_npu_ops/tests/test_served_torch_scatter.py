@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 import types
 
-import ascend_patch_torch.torch_scatter_compat as compat
+import ascend_patch_torch.served.torch_scatter as compat
 import pytest
 import torch
-from ascend_patch_torch import scatter_patches
+from ascend_patch_torch import groups
+from ascend_patch_torch import runtime
 from ascend_patch_torch.groups import TorchScatter
 from hypothesis import given
 from hypothesis import settings
@@ -85,26 +86,26 @@ def test_max_gradient_goes_to_the_arg_element_only():
 
 
 def test_import_rules_only_where_torch_scatter_is_missing_and_an_npu_is_there(monkeypatch):
-    monkeypatch.setattr(scatter_patches, "torch_scatter_installed", lambda: False)
-    monkeypatch.setattr(scatter_patches, "npu_runtime_importable", lambda: True)
-    assert [r.module for r in scatter_patches.import_rules()] == [
+    monkeypatch.setattr(groups, "torch_scatter_installed", lambda: False)
+    monkeypatch.setattr(runtime, "npu_runtime_importable", lambda: True)
+    assert [r.module for r in groups.import_rules()] == [
         "torch_scatter",
         "torch_scatter.composite",
         "torch_scatter.utils",
     ]
-    monkeypatch.setattr(scatter_patches, "npu_runtime_importable", lambda: False)
-    assert scatter_patches.import_rules() == []
-    monkeypatch.setattr(scatter_patches, "npu_runtime_importable", lambda: True)
-    monkeypatch.setattr(scatter_patches, "torch_scatter_installed", lambda: True)
-    assert scatter_patches.import_rules() == []
+    monkeypatch.setattr(runtime, "npu_runtime_importable", lambda: False)
+    assert groups.import_rules() == []
+    monkeypatch.setattr(runtime, "npu_runtime_importable", lambda: True)
+    monkeypatch.setattr(groups, "torch_scatter_installed", lambda: True)
+    assert groups.import_rules() == []
 
 
 def test_the_served_module_is_a_drop_in(isolated_patcher, monkeypatch):
     if any(name == "torch_scatter" or name.startswith("torch_scatter.") for name in sys.modules):
         pytest.skip("the real torch_scatter is already imported in this process")
-    monkeypatch.setattr(scatter_patches, "torch_scatter_installed", lambda: False)
-    monkeypatch.setattr(scatter_patches, "npu_runtime_importable", lambda: True)
-    isolated_patcher.add(*scatter_patches.import_rules()).apply()
+    monkeypatch.setattr(groups, "torch_scatter_installed", lambda: False)
+    monkeypatch.setattr(runtime, "npu_runtime_importable", lambda: True)
+    isolated_patcher.add(*groups.import_rules()).apply()
 
     import torch_scatter
     from torch_scatter import scatter_max

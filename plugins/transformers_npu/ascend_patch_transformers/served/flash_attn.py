@@ -5,6 +5,9 @@ flash-attn is CUDA-only (it does not build without CUDA), so code written for it
 ``flash_attn.bert_padding``, ``flash_attn.flash_attn_interface``) by a ``ReplaceImport``
 rule with ``when_missing=True``: only where no real flash_attn is installed and an NPU
 runtime is importable (see :func:`ascend_patch_transformers.groups.import_rules`).
+The same module also serves, on these functions, transformers 4.51/4.52's
+``transformers.integrations.npu_flash_attention`` where einops is missing
+(:func:`build_npu_integration`); it is named after ``flash_attn``, the main one.
 
 Same names, arguments and results as flash-attn 2.x:
 
@@ -38,7 +41,7 @@ import sys
 import types
 from typing import Any
 
-from .causal_mask import compressed_causal_mask
+from ..causal_mask import compressed_causal_mask
 
 
 __all__ = [
