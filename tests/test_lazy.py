@@ -125,6 +125,29 @@ def test_apply_with_the_installed_plugins_loads_no_rule_machinery(tmp_path: Path
     assert lines[-1] == "False"
 
 
+def test_apply_loads_the_wrapper_module_only_for_a_wrapper_it_makes(tmp_path: Path) -> None:
+    """A runtime_check patch that its precheck skips makes no wrapper: the module stays unloaded.
+
+    The torch plugin's BatchMatmul patches are such patches on every machine without an
+    NPU runtime; loading the wrapper module for them cost every apply() ~0.5 ms.
+    """
+    probe = "'ascend_patch_core._install.wrappers' in sys.modules"
+    code = (
+        "import json, sys\n"
+        "loads = json.loads\n"
+        "from ascend_patch_core import AtomicPatch, Patcher\n"
+        "def check(obj, *a, **k): return True\n"
+        "def new(obj, *a, **k): return ''\n"
+        "p = Patcher().add(AtomicPatch('json.dumps', new, runtime_check=check,"
+        " precheck=lambda original: False))\n"
+        f"p.apply(); print({probe})\n"
+        "q = Patcher().add(AtomicPatch('json.loads', new, runtime_check=check))\n"
+        f"q.apply(); print({probe}, json.loads is not loads)\n"
+    )
+    lines = _output(tmp_path, code, ASCEND_PATCH_AUTOLOAD="0")
+    assert lines[-2:] == ["False", "True True"]
+
+
 def test_a_cache_miss_without_the_plugins_libraries_imports_no_packaging(tmp_path: Path) -> None:
     """The first run after an install, in a program without OpenMMLab or Hugging Face: the
     plugins' version ranges name absent libraries first, so no answer needs packaging (~10 ms)."""

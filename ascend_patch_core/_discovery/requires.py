@@ -23,7 +23,9 @@ _HEAD = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*?)\s*$"
 #: The shape of a PEP 440 specifier list (``>=4.51,<6``), for a distribution that is not
 #: installed: its answer needs no version logic, so packaging is not imported to parse
 #: it; a text of another shape still goes to packaging, which says what is wrong.
-_SPECIFIERS = re.compile(
+#: A pattern, not a compiled one: ``re`` compiles (and caches) it on first use, on a
+#: cache miss; compiling it at import cost ~0.3 ms of every apply().
+_SPECIFIERS = (
     r"\s*(?:~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9][A-Za-z0-9.*+!_-]*\s*"
     r"(?:,\s*(?:~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9][A-Za-z0-9.*+!_-]*\s*)*"
 )
@@ -112,7 +114,7 @@ def _check_one(text: str, cache: MetadataCache) -> tuple[bool, str]:
         # most plugin groups ask about libraries the program does not have.
         absent = (
             match.group(2)
-            and _SPECIFIERS.fullmatch(match.group(2))
+            and re.fullmatch(_SPECIFIERS, match.group(2))
             and (_overrides.get(normalize_name(name)) if _overrides else None) is None
             and cache.version(name) is None
         )
