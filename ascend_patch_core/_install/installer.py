@@ -271,9 +271,8 @@ class Installer:
         later: list[Entry] = []
         me = threading.get_ident()
         immediate = self.applying_thread == me
-        # Its module's first import must not start under the ledger lock. Only a direct
-        # patch with a runtime_check gets its wrapper made below; the others build theirs
-        # outside the lock (_install_built), so without one the module is not loaded.
+        # Loaded before the ledger lock, and only for a direct patch with a runtime_check:
+        # the others build their wrapper outside the lock (_install_built).
         make_wrapper = (
             wrapper_maker()
             if any(e.patch.runtime_check is not None and e.patch.direct for e in entries)
