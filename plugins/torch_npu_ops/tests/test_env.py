@@ -1,4 +1,7 @@
-"""NPU runtime settings (configure_env) are offered only where an NPU runtime is present.
+"""The torch plugin's configure_env: NPU runtime settings, only where an NPU runtime is present.
+
+Where one is, each recommended value is set with its reason, never over a value the
+user set, and removed on revert; the plugin's switch turns them all off.
 
 The bug: ``apply()`` on a CPU machine set ``TASK_QUEUE_ENABLE`` & co., although the
 plugin is meant to change nothing there. Checked in-process both ways, and through
@@ -18,6 +21,7 @@ from ascend_patch_torch import env
 from ascend_patch_torch import plugin
 
 from ascend_patch_core import Patcher
+from ascend_patch_core import Status
 
 
 NAMES = [setting.name for setting in env.RECOMMENDED]
@@ -58,6 +62,51 @@ def test_an_emulated_npu_runtime_gets_the_npu_settings(npu_emulator) -> None:
     finally:
         patcher.revert()
     assert not [name for name in NAMES if name in os.environ]
+
+
+# Where an NPU runtime is (here: the emulator's): the settings, never over a user's value.
+def test_recommended_values_are_set_with_their_reason_and_removed_on_revert(npu_emulator) -> None:
+    patcher = _env_only_patcher()
+    report = patcher.apply()
+    try:
+        for setting in env.RECOMMENDED:
+            assert os.environ[setting.name] == setting.value
+            record = report.get(setting.name, kind="env")
+            assert record.status is Status.APPLIED
+            assert record.reason == setting.why and setting.why
+            assert record.provenance.plugin == "torch"
+    finally:
+        patcher.revert()
+    assert not [name for name in NAMES if name in os.environ]
+
+
+def test_a_value_the_user_set_is_never_overwritten(
+    monkeypatch: pytest.MonkeyPatch, npu_emulator
+) -> None:
+    monkeypatch.setenv("TASK_QUEUE_ENABLE", "1")
+    patcher = _env_only_patcher()
+    report = patcher.apply()
+    try:
+        assert os.environ["TASK_QUEUE_ENABLE"] == "1"
+        record = report.get("TASK_QUEUE_ENABLE", kind="env")
+        assert record.status is Status.SKIPPED and "TASK_QUEUE_ENABLE=1" in (record.reason or "")
+    finally:
+        patcher.revert()
+    assert os.environ["TASK_QUEUE_ENABLE"] == "1"
+
+
+@pytest.mark.parametrize("value", ["0", "off", "false"])
+def test_the_switch_turns_every_recommendation_off(
+    monkeypatch: pytest.MonkeyPatch, npu_emulator, value: str
+) -> None:
+    monkeypatch.setenv(env.SWITCH, value)
+    patcher = _env_only_patcher()
+    report = patcher.apply()
+    try:
+        assert not [r for r in report.records if r.kind == "env"]
+        assert not [name for name in NAMES if name in os.environ]
+    finally:
+        patcher.revert()
 
 
 def _run(tmp_path: Path, *options: str) -> dict[str, str | None]:
