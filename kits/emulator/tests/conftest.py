@@ -1,13 +1,25 @@
-"""Fixtures shared by the emulator tests."""
+"""Fixtures shared by the emulator tests, and :mod:`schema_values` on the path.
+
+The suite runs with ``--import-mode=importlib``, where a test module cannot import a
+sibling; this directory goes on ``sys.path`` so that ``from schema_values import ...``
+works in every test module here.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ascend_patch_emulator import EmulatorHandle
 from ascend_patch_emulator import activate
 from ascend_patch_emulator import is_active
+
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 
 @pytest.fixture(scope="module")

@@ -16,29 +16,7 @@ import torch
 from ascend_patch_emulator import DEFAULT_VERSION
 from ascend_patch_emulator import CallRecorder
 from ascend_patch_emulator import load_schemas
-
-
-def _value(type_: str):
-    """A value of schema type ``type_`` that torch's argument parser accepts."""
-    if type_.endswith("?"):
-        return None
-    base = type_.split("(")[0]
-    if type_.endswith("[]") and base.startswith("Tensor"):
-        return [torch.zeros(1)]
-    if base.startswith("Tensor"):
-        return torch.zeros(1)
-    scalar, _, size = base.partition("[")
-    count = int(size.rstrip("]") or 1) if size else None
-    one = {
-        "int": 1,
-        "SymInt": 1,
-        "bool": False,
-        "float": 1.0,
-        "str": "x",
-        "Scalar": 1,
-        "ScalarType": torch.float32,
-    }[scalar]
-    return one if count is None else [one] * count
+from schema_values import schema_value
 
 
 def _taking_input(version: str) -> list[str]:
@@ -64,7 +42,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _required_keywords(op) -> dict[str, object]:
     """Every argument without a default, by keyword, with a dummy value of its type."""
-    return {a.name: _value(a.type) for a in op.arguments if a.default is None}
+    return {a.name: schema_value(a.type) for a in op.arguments if a.default is None}
 
 
 def _bound(call) -> bool:
@@ -89,7 +67,9 @@ def test_input_binds_and_self_fails(emulated, qualified):
     op = load_schemas(emulated.version)[qualified]
     overload = getattr(getattr(torch.ops.npu, op.name), op.overload or "default")
     kwargs = _required_keywords(op)
-    kwargs.setdefault("input", _value(next(a.type for a in op.arguments if a.name == "input")))
+    kwargs.setdefault(
+        "input", schema_value(next(a.type for a in op.arguments if a.name == "input"))
+    )
     assert _bound(lambda: overload(**kwargs)), op.schema
 
     as_self = {("self" if name == "input" else name): value for name, value in kwargs.items()}

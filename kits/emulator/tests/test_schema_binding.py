@@ -13,29 +13,7 @@ from hypothesis import event
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-
-
-def _value(type_: str):
-    """A value of schema type ``type_`` that torch's argument parser accepts."""
-    if type_.endswith("?"):
-        return None
-    base = type_.split("(")[0]
-    if type_.endswith("[]") and base.startswith("Tensor"):
-        return [torch.zeros(1)]
-    if base.startswith("Tensor"):
-        return torch.zeros(1)
-    scalar, _, size = base.partition("[")
-    count = int(size.rstrip("]") or 1) if size else None
-    one = {
-        "int": 1,
-        "SymInt": 1,
-        "bool": False,
-        "float": 1.0,
-        "str": "x",
-        "Scalar": 1,
-        "ScalarType": torch.float32,
-    }[scalar]
-    return one if count is None else [one] * count
+from schema_values import schema_value
 
 
 def test_every_op_of_the_version_has_its_exact_schema(emulated):
@@ -108,10 +86,10 @@ def test_binding_agrees_with_the_schema_data(emulated, data):
         ),
         label="wrong keywords",
     )
-    args = [_value(a.type) for a in positional[:count]]
+    args = [schema_value(a.type) for a in positional[:count]]
     if count > len(positional):
         args.append(1)
-    kwargs = {n: _value(next(a.type for a in arguments if a.name == n)) for n in chosen}
+    kwargs = {n: schema_value(next(a.type for a in arguments if a.name == n)) for n in chosen}
     kwargs.update({n: 1 for n in wrong})
     given_names = {a.name for a in positional[:count]} | set(chosen)
     expected = (
