@@ -124,31 +124,46 @@ def patcher() -> Iterator[Patcher]:
 
 
 @pytest.fixture(autouse=True)
-def _no_hub_leak(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test of the core and the kits must leave the import hub as it found it (reverts are exact).
+def _no_hub_leak() -> Iterator[None]:
+    """No test leaves import-hub state behind: what it added is gone when it ends (reverts are exact).
 
-    Not the plugins' tests: they hold a module-scoped patcher applied across tests
-    (the emulator and the plugin's groups, set up once per module), and a test that
-    imports a watched module under it consumes a watch legitimately.
+    Only additions count: a test that imports a watched module consumes that watch
+    legitimately, as a plugin test does under its module-scoped patcher (applied once
+    per test module, reverted after its last test).
     """
-    if "plugins" in request.node.path.relative_to(request.config.rootpath).parts[:1]:
-        yield
-        return
-    before = (dict(hub._watches), list(hub._patterns), dict(hub._served), hub.installed)
+    before, served_before = _hub_state(), dict(hub._served)
     yield
-    after = (dict(hub._watches), list(hub._patterns), dict(hub._served), hub.installed)
-    if after != before:
+    after = _hub_state()
+    left = {kind: after[kind] - before[kind] for kind in after}
+    if any(left.values()):
         # Clean up so one leaking test does not fail all the following ones.
-        hub._watches.clear()
-        hub._watches.update(before[0])
-        hub._patterns[:] = before[1]
-        hub._served.clear()
-        hub._served.update(before[2])
+        for module, handle in left["watches"]:
+            hub._watches[module].remove(handle)
+            if not hub._watches[module]:
+                del hub._watches[module]
+        hub._patterns[:] = [p for p in hub._patterns if _identity(p) not in left["patterns"]]
+        for name, _ in left["served"]:
+            if name in served_before:
+                hub._served[name] = served_before[name]
+            else:
+                del hub._served[name]
         hub._recompute_roots()
         hub._maybe_uninstall()
-        pytest.fail(
-            f"the test left import-hub state behind: watches/patterns/served changed ({hub!r})"
-        )
+        pytest.fail(f"the test left import-hub state behind: {left} ({hub!r})")
+
+
+def _identity(obj: object) -> tuple[str, int]:
+    return (type(obj).__name__, id(obj))
+
+
+def _hub_state() -> dict[str, set[tuple[object, ...]]]:
+    """What the hub holds, by identity: watch handles, pattern hooks, served modules, its finder."""
+    return {
+        "watches": {(m, h) for m, handles in hub._watches.items() for h in handles},
+        "patterns": {_identity(p) for p in hub._patterns},
+        "served": {(name, id(entry)) for name, entry in hub._served.items()},
+        "installed": {("finder",)} if hub.installed else set(),
+    }
 
 
 #: Set by the nox session ``core_pythons``: the core's tests (and the training kit's) on
