@@ -28,7 +28,7 @@ an enclosing ``def``/``if``/``with``/``try``/``for``/``while``.
 Calls of DrivingSDK's ``mx_driving`` are checked too (``mx_driving.<name>(...)``,
 ``mx_driving.<Function>.apply(...)``, names bound by ``from mx_driving import``, the
 module returned by a ``...mx_driving()`` accessor such as the mmcv plugin's
-``kernel_source.mx_driving()``): the name must be public in the recorded mx-driving
+``_kernel_source.mx_driving()``): the name must be public in the recorded mx-driving
 version and the call must bind to its Python signature (``_contract_mx``), in every
 version the plugin's ``mx-driving`` requirement allows (all with data without one).
 """

@@ -12,7 +12,7 @@ Aliases are collected per module, not per scope: plugin modules bind them at the
 mx_driving uses are found the same way (:class:`OpCall` rows with ``library
 "mx_driving"``): attributes of the module however it is reached (``import
 mx_driving [as m]``, ``importlib.import_module("mx_driving")``, or a call of an
-accessor named ``mx_driving`` such as ``kernel_source.mx_driving()``, directly or
+accessor named ``mx_driving`` such as ``_kernel_source.mx_driving()``, directly or
 through a name bound to its result), names bound by ``from mx_driving import X``,
 ``.apply``/``.forward`` of them, ``getattr(<module>, "X")`` and ``"mx_driving:X"``
 replacement strings. Dunder attributes (``__file__``) are not API uses.
@@ -242,7 +242,7 @@ class _Aliases:
         if callee is None:
             return False
         if not node.args and not node.keywords and callee[-1] == MX_DRIVING:
-            return True  # an accessor returning the module: kernel_source.mx_driving()
+            return True  # an accessor returning the module: _kernel_source.mx_driving()
         return (
             callee[-1] == "import_module"
             and len(node.args) == 1
