@@ -49,6 +49,14 @@ def _ddp(fn: Any, ctx: Ctx) -> None:
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], output_device=C0)
         ddp(torch.randn(3, 4, device="cuda")).sum().backward()
         assert npu(model.weight.grad) is not None
+        # Dropped while the process group still holds the backend. Dropped after
+        # destroy_process_group(), DDP's Reducer holds the last reference, and freeing
+        # it joins gloo's worker threads with the GIL held (torch's process-group
+        # bindings release the GIL on destruction, the Reducer's does not): a hang
+        # whenever a worker still needs the GIL to free its last work. It hung a full
+        # `dev.py test` run once (py-spy: the main thread in ~ProcessGroupGloo's join,
+        # a worker in ~AsyncWork waiting for the GIL).
+        del ddp
 
 
 @exercise("torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel.__init__")
