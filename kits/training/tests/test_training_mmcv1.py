@@ -1,6 +1,6 @@
 """with_profiling and brake_at under mmcv 1.x's EpochBasedRunner and IterBasedRunner.
 
-Runs in the nox session ``training_mmcv1`` (mmcv 1.7.2, no compiled ops). Elsewhere
+Runs in the nox session ``openmmlab1_emulated`` (mmcv 1.7.2, no compiled ops). Elsewhere
 it skips when mmcv 1.x is missing; in that session ASCEND_PATCH_TEST_REQUIRE=mmcv1
 makes a missing mmcv a failure instead. mmcv.runner imports torchvision, which has no
 CPU build for torch 2.13 (see the environment notes): a stand-in module is enough.

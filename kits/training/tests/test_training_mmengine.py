@@ -1,6 +1,6 @@
 """with_profiling and brake_at under mmengine's Runner (epoch- and iteration-based loops).
 
-Runs in the nox session ``training_mmengine`` (mmengine 0.10.7). Elsewhere it skips
+Runs in the nox session ``openmmlab_emulated`` (mmengine 0.10.7). Elsewhere it skips
 when mmengine is missing; in that session ASCEND_PATCH_TEST_REQUIRE=mmengine makes
 a missing mmengine a failure instead.
 """
