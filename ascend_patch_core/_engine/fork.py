@@ -37,14 +37,35 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 from .._model.report import PENDING
 
 
-#: A Patcher: named Any here, since naming the class would make these modules, which the
-#: Patcher loads, depend on it (a circle).
-Patcher = Any
+if TYPE_CHECKING:
+    from .._install.entries import Ledger
+    from .._install.installer import Installer
+    from .module_hooks import HookRunner
+
+
+class Patcher(Protocol):
+    """What the fork handlers use of a Patcher (``_engine.patcher.Patcher``).
+
+    A protocol, not the class: the Patcher loads ``fork_watch``, which loads this
+    module, so naming the class here would make a circle. mypy checks the Patcher
+    against it where ``watch_forks()`` is handed one.
+    """
+
+    _ledger: Ledger
+    _installer: Installer
+    _hooks: HookRunner | None
+    _applied: bool
+    _forking: bool
+    _apply_done: threading.Condition
+
+    def revert(self) -> object: ...
 
 
 __all__ = ["APPLY_WAIT_S", "LOCK_WAIT_S", "after_in_child", "after_in_parent", "before"]

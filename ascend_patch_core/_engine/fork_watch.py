@@ -11,12 +11,12 @@ import itertools
 import os
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING
 
 
-#: A Patcher: named Any here, since naming the class would make these modules, which the
-#: Patcher loads, depend on it (a circle).
-Patcher = Any
+if TYPE_CHECKING:
+    # The protocol of what the handlers use (the class itself would make a circle).
+    from .fork import Patcher
 
 
 __all__ = ["live", "watch_forks"]

@@ -12,15 +12,60 @@ the records not listed are counted there, so the counts always add up.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 
 __all__ = ["render"]
 
-#: The Report's records (``_model.report.Record``): named Any here, since _report loads this
-#: module and naming its class would make a circle.
-Record = Any
+
+class _Status(Protocol):
+    @property
+    def value(self) -> str: ...
+
+
+class _Provenance(Protocol):
+    @property
+    def plugin(self) -> str | None: ...
+
+
+class _Counters(Protocol):
+    @property
+    def replacement_calls(self) -> int: ...
+    @property
+    def fallback_calls(self) -> int: ...
+
+
+class Record(Protocol):
+    """What the table reads of a record (``_model.report.Record``).
+
+    A protocol, not the class: ``_model.report`` loads this module (on the first
+    ``str(report)``), so naming its class here would make a circle. mypy checks the
+    records against it where the Report hands them to :func:`render`.
+    """
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def status(self) -> _Status: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def note(self) -> str | None: ...
+    @property
+    def provenance(self) -> _Provenance: ...
+    @property
+    def counters(self) -> _Counters | None: ...
+    @property
+    def aliases(self) -> Mapping[str, str]: ...
+    @property
+    def stale_holders(self) -> Sequence[str]: ...
+
 
 #: How a skipped group says it is opt-in (the patcher's reason, docs/core.md).
 _OPT_IN = "opt-in:"
