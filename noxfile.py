@@ -176,6 +176,141 @@ def core_pythons(session: nox.Session) -> None:
     )
 
 
+# dev.py runs the sessions tagged ci two at a time in the order they are defined here:
+# the quick checks (while the first session builds the shared base), then the longest,
+# so that the last to start are short and the two workers end together. By one full
+# run's session times on 2 cores, that ends ~80 s sooner than the stacks in the order
+# of their subjects (openmmlab, then transformers), which left one worker idle for
+# the last ~3 min.
+
+
+#: What the transformers sessions promise. trl is installed without its dependencies
+#: (datasets, pandas, pyarrow: ~150 MB): the tests read its sources for the two
+#: transfer_to_npu items that name it and never import it.
+HF_REQUIRED = "transformers,diffusers,accelerate,peft,trl"
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def transformers_older(session: nox.Session) -> None:
+    """The transformers plugin against transformers 4.57.6 (with diffusers 0.35.1), then 4.51.3.
+
+    Old transformers needs huggingface_hub < 1.0 and new diffusers >= 1.32, so the older
+    releases share an environment of their own; 4.51.3 replaces 4.57.6 in it for the
+    second run (one environment instead of two: installing torch is most of the cost).
+    """
+    install_project(session)
+    session.install("-r", "requirements/transformers-older.txt")
+    session.install("--no-deps", "trl==0.24.0")  # the last 0.x, for transformers 4.5x
+    required = {"ASCEND_PATCH_TEST_REQUIRE": HF_REQUIRED}
+    session.run(
+        "pytest", "plugins/transformers_npu", *session.posargs, env={**TEST_ENV, **required}
+    )
+    session.install("transformers==4.51.3", "tokenizers==0.21.4")
+    session.run(
+        "pytest", "plugins/transformers_npu", *session.posargs, env={**TEST_ENV, **required}
+    )
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def openmmlab_cpu_ops(session: nox.Session) -> None:
+    """The mmcv plugin's op replacements against mmcv 2.1.0's compiled CPU kernels.
+
+    mmcv 2.1.0 built with ops (cached wheel), mmengine 0.10.7, mmdet 3.3.0 and mmdet3d
+    1.4.0 (without its heavy optional dependencies); the plugin's tests run under the
+    emulator and compare each replacement with mmcv's own implementation.
+    """
+    install_project(session)
+    session.install("-r", "requirements/openmmlab-cpu-ops.txt")
+    wheels = compiled_wheels(session, devenv.COMPILED[1])
+    session.install("--no-index", "--find-links", str(wheels), "--no-deps", MMCV_CPU_OPS)
+    # mmdet3d 1.4.0's declared dependencies pull open3d and old pins; what it imports is
+    # in the requirements file, the package itself comes without its dependencies.
+    session.install("--no-deps", "-r", "requirements/openmmlab-cpu-ops-nodeps.txt")
+    session.run(
+        "pytest",
+        "plugins/mmcv_npu/tests",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "mmcv-ops,mmengine,mmdet,mmdet3d"},
+    )
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def transformers_newest(session: nox.Session) -> None:
+    """The transformers plugin against the newest transformers (5.x), accelerate and diffusers."""
+    install_project(session)
+    session.install("-r", "requirements/transformers-newest.txt")
+    session.install("--no-deps", "trl==1.16.0")  # read, not imported: see HF_REQUIRED
+    session.run(
+        "pytest",
+        "plugins/transformers_npu",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": HF_REQUIRED},
+    )
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def openmmlab_emulated(session: nox.Session) -> None:
+    """mmengine/mmdet import and index their structures under ``run --emulate-npu``;
+    the mmcv plugin's tests (its mmengine groups) run against the real mmengine.
+
+    mmcv-lite 2.1.0, mmengine 0.10.7 and mmdet 3.3.0 (pure wheels, nothing built);
+    one subprocess under the emulator: about a minute to install, seconds to test.
+    """
+    install_project(session)
+    session.install("-r", "requirements/openmmlab-emulated.txt")
+    session.run(
+        "pytest",
+        "tests/test_openmmlab_emulated.py",
+        "plugins/mmcv_npu/tests",
+        *session.posargs,
+        # Comma-separated: each test file fails (not skips) when what it names is missing.
+        env={
+            **TEST_ENV,
+            "ASCEND_PATCH_TEST_REQUIRE": "openmmlab-emulated,mmengine,mmcv-lite,mmdet",
+        },
+    )
+    # Profiling and brake under mmengine's Runner (epoch- and iteration-based loops): the
+    # same mmengine 0.10.7 a session of its own would install.
+    run_training_tests(session, "mmengine")
+
+
+@nox.session(python=STACK_PYTHON, tags=["ci"])
+def openmmlab1_emulated(session: nox.Session) -> None:
+    """The mmcv plugin's mmcv 1.x groups against mmcv 1.7.2 (no compiled ops).
+
+    mmcv 1.x and 2.x cannot share an environment (both are the package ``mmcv``).
+    """
+    install_project(session)
+    session.install("--no-build-isolation", "-r", "requirements/openmmlab1-emulated.txt")
+    session.run(
+        "pytest",
+        "plugins/mmcv_npu/tests",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "mmcv1"},
+    )
+    # Profiling and brake under mmcv 1.x's EpochBasedRunner and IterBasedRunner.
+    run_training_tests(session, "mmcv1")
+
+
+@nox.session(python=PYTHON, tags=["ci"])
+def torch_plugin(session: nox.Session) -> None:
+    """The torch plugin's tests with a real torch_scatter (compared with ours).
+
+    The examples (marked slow) already run in the tests session, so they are left out here.
+    """
+    install_project(session)
+    wheels = compiled_wheels(session, devenv.COMPILED[0])
+    session.install("--no-index", "--find-links", str(wheels), TORCH_SCATTER)
+    session.run(
+        "pytest",
+        "plugins/torch_npu_ops",
+        "-m",
+        "not slow",
+        *session.posargs,
+        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "numpy,torch_scatter"},
+    )
+
+
 def run_training_tests(session: nox.Session, stack: str) -> None:
     """Run the training utilities' tests for one loop library (kits/training/tests).
 
@@ -261,25 +396,6 @@ def wheels(session: nox.Session) -> None:
             )
             continue
         session.log(f"{wheel.requirement}: {compiled_wheels(session, wheel)}")
-
-
-@nox.session(python=PYTHON, tags=["ci"])
-def torch_plugin(session: nox.Session) -> None:
-    """The torch plugin's tests with a real torch_scatter (compared with ours).
-
-    The examples (marked slow) already run in the tests session, so they are left out here.
-    """
-    install_project(session)
-    wheels = compiled_wheels(session, devenv.COMPILED[0])
-    session.install("--no-index", "--find-links", str(wheels), TORCH_SCATTER)
-    session.run(
-        "pytest",
-        "plugins/torch_npu_ops",
-        "-m",
-        "not slow",
-        *session.posargs,
-        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "numpy,torch_scatter"},
-    )
 
 
 #: The bench session's second environment: the project from regular wheels.
@@ -389,111 +505,3 @@ def demo(session: nox.Session) -> None:
         session.error(f"The demo is missing: {script.relative_to(ROOT)} does not exist yet.")
     install_project(session)
     session.run("python", str(script.relative_to(ROOT)), *session.posargs)
-
-
-@nox.session(python=STACK_PYTHON, tags=["ci"])
-def openmmlab_emulated(session: nox.Session) -> None:
-    """mmengine/mmdet import and index their structures under ``run --emulate-npu``;
-    the mmcv plugin's tests (its mmengine groups) run against the real mmengine.
-
-    mmcv-lite 2.1.0, mmengine 0.10.7 and mmdet 3.3.0 (pure wheels, nothing built);
-    one subprocess under the emulator: about a minute to install, seconds to test.
-    """
-    install_project(session)
-    session.install("-r", "requirements/openmmlab-emulated.txt")
-    session.run(
-        "pytest",
-        "tests/test_openmmlab_emulated.py",
-        "plugins/mmcv_npu/tests",
-        *session.posargs,
-        # Comma-separated: each test file fails (not skips) when what it names is missing.
-        env={
-            **TEST_ENV,
-            "ASCEND_PATCH_TEST_REQUIRE": "openmmlab-emulated,mmengine,mmcv-lite,mmdet",
-        },
-    )
-    # Profiling and brake under mmengine's Runner (epoch- and iteration-based loops): the
-    # same mmengine 0.10.7 a session of its own would install.
-    run_training_tests(session, "mmengine")
-
-
-@nox.session(python=STACK_PYTHON, tags=["ci"])
-def openmmlab_cpu_ops(session: nox.Session) -> None:
-    """The mmcv plugin's op replacements against mmcv 2.1.0's compiled CPU kernels.
-
-    mmcv 2.1.0 built with ops (cached wheel), mmengine 0.10.7, mmdet 3.3.0 and mmdet3d
-    1.4.0 (without its heavy optional dependencies); the plugin's tests run under the
-    emulator and compare each replacement with mmcv's own implementation.
-    """
-    install_project(session)
-    session.install("-r", "requirements/openmmlab-cpu-ops.txt")
-    wheels = compiled_wheels(session, devenv.COMPILED[1])
-    session.install("--no-index", "--find-links", str(wheels), "--no-deps", MMCV_CPU_OPS)
-    # mmdet3d 1.4.0's declared dependencies pull open3d and old pins; what it imports is
-    # in the requirements file, the package itself comes without its dependencies.
-    session.install("--no-deps", "-r", "requirements/openmmlab-cpu-ops-nodeps.txt")
-    session.run(
-        "pytest",
-        "plugins/mmcv_npu/tests",
-        *session.posargs,
-        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "mmcv-ops,mmengine,mmdet,mmdet3d"},
-    )
-
-
-@nox.session(python=STACK_PYTHON, tags=["ci"])
-def openmmlab1_emulated(session: nox.Session) -> None:
-    """The mmcv plugin's mmcv 1.x groups against mmcv 1.7.2 (no compiled ops).
-
-    mmcv 1.x and 2.x cannot share an environment (both are the package ``mmcv``).
-    """
-    install_project(session)
-    session.install("--no-build-isolation", "-r", "requirements/openmmlab1-emulated.txt")
-    session.run(
-        "pytest",
-        "plugins/mmcv_npu/tests",
-        *session.posargs,
-        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": "mmcv1"},
-    )
-    # Profiling and brake under mmcv 1.x's EpochBasedRunner and IterBasedRunner.
-    run_training_tests(session, "mmcv1")
-
-
-#: What the transformers sessions promise. trl is installed without its dependencies
-#: (datasets, pandas, pyarrow: ~150 MB): the tests read its sources for the two
-#: transfer_to_npu items that name it and never import it.
-HF_REQUIRED = "transformers,diffusers,accelerate,peft,trl"
-
-
-@nox.session(python=STACK_PYTHON, tags=["ci"])
-def transformers_newest(session: nox.Session) -> None:
-    """The transformers plugin against the newest transformers (5.x), accelerate and diffusers."""
-    install_project(session)
-    session.install("-r", "requirements/transformers-newest.txt")
-    session.install("--no-deps", "trl==1.16.0")  # read, not imported: see HF_REQUIRED
-    session.run(
-        "pytest",
-        "plugins/transformers_npu",
-        *session.posargs,
-        env={**TEST_ENV, "ASCEND_PATCH_TEST_REQUIRE": HF_REQUIRED},
-    )
-
-
-@nox.session(python=STACK_PYTHON, tags=["ci"])
-def transformers_older(session: nox.Session) -> None:
-    """The transformers plugin against transformers 4.57.6 (with diffusers 0.35.1), then 4.51.3.
-
-    Old transformers needs huggingface_hub < 1.0 and new diffusers >= 1.32, so the older
-    releases share an environment of their own; 4.51.3 replaces 4.57.6 in it for the
-    second run (one environment instead of two: installing torch is most of the cost).
-    """
-    install_project(session)
-    session.install("-r", "requirements/transformers-older.txt")
-    session.install("--no-deps", "trl==0.24.0")  # the last 0.x, for transformers 4.5x
-    required = {"ASCEND_PATCH_TEST_REQUIRE": HF_REQUIRED}
-    session.run(
-        "pytest", "plugins/transformers_npu", *session.posargs, env={**TEST_ENV, **required}
-    )
-    session.install("transformers==4.51.3", "tokenizers==0.21.4")
-    session.run(
-        "pytest", "plugins/transformers_npu", *session.posargs, env={**TEST_ENV, **required}
-    )
