@@ -228,6 +228,42 @@ def _threaded_package(make_package: PackageFactory) -> str:
     return make_package(files)
 
 
+def test_a_patch_advanced_in_an_import_callback_lands_after_another_threads_import(
+    make_package: PackageFactory,
+) -> None:
+    """A thread running import callbacks may not wait for another thread's import. When
+    that import began before the hub watched its module, its end calls no watch: the
+    patch stayed pending for ever (a 1-in-~3,000 failure of the threaded test below on
+    a loaded 2-core machine). It lands once that import has ended."""
+    pkg = make_package(
+        {
+            "gate.py": "import threading\nstarted, go = threading.Event(), threading.Event()\n",
+            "slow.py": "from . import gate\ngate.started.set()\ngate.go.wait(30)\n"
+            "def f():\n    return 'orig'\n",
+            "trigger.py": "",
+        }
+    )
+    gate = imp(f"{pkg}.gate")
+    importer = threading.Thread(target=imp, args=(f"{pkg}.slow",))
+    importer.start()  # found by importlib's own finder: no patcher watches it yet
+    assert gate.started.wait(30)
+    patch = AtomicPatch(f"{pkg}.slow.f", lambda: "new", after_import=f"{pkg}.trigger")
+    patcher = Patcher(autoload=False).add(patch)
+    patcher.apply()
+    try:
+        imp(f"{pkg}.trigger")  # its callback finds slow initializing, without f yet
+        gate.go.set()
+        importer.join(30)
+        deadline = time.monotonic() + 30
+        while patcher.report.get(patch.name).status is not Status.APPLIED:
+            assert time.monotonic() < deadline, patcher.report.get(patch.name).reason
+            time.sleep(0.01)
+        assert sys.modules[f"{pkg}.slow"].f() == "new"
+    finally:
+        gate.go.set()
+        patcher.revert()
+
+
 @pytest.mark.parametrize("round_", range(20))
 def test_threads_importing_while_apply_runs_patch_each_target_once(
     make_package: PackageFactory, round_: int, fast_switching: None

@@ -33,6 +33,7 @@ from .._model.report import PENDING
 from .._model.report import REVERTED
 from .._model.report import SKIPPED
 from .._model.report import Status
+from ..imports._hub import after_import_ends
 from ..imports._hub import hub
 from ..imports._hub import import_in_progress
 from ..imports._hub import import_locks
@@ -173,6 +174,10 @@ class Installer:
         entry.record.set(PENDING, f"waiting for import of {module}")
         if entry.watching is None or module not in entry.watching:
             entry.watch(module, hub.watch(module, functools.partial(self._imported, entry, module)))
+        if in_import_callback():
+            # No waiting here for another thread's import, whose end may not call the
+            # watch: look again once it has ended (twice is harmless: claimed once).
+            after_import_ends(module, functools.partial(self._imported, entry, module))
 
     def _imported(self, entry: Entry, name: str, module: types.ModuleType) -> None:
         self._on_import(entry, name)

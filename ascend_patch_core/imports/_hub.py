@@ -14,6 +14,7 @@ the hub's lock (wrapt#217); the real spec is found by asking the other finders o
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib.machinery
 import sys
@@ -34,6 +35,7 @@ from ._delivering import initializing
 
 __all__ = [
     "ImportHub",
+    "after_import_ends",
     "hub",
     "import_in_progress",
     "in_import_callback",
@@ -449,6 +451,32 @@ def wait_for_import(name: str) -> None:
             pass
     except Exception:  # importlib's _DeadlockError: the other thread waits for us
         return
+
+
+def after_import_ends(name: str, callback: Callback) -> bool:
+    """From a thread that runs import callbacks: ``callback(module)`` once another
+    thread's import of ``name``, under way now, has ended; False if none is under way.
+
+    That thread must not wait for the import itself (:func:`in_import_callback`), and a
+    watch it adds may never be called: an import whose spec was found before the hub
+    watched ``name`` does not go through the hub's loader, and one whose callbacks are
+    running took its watches already. So a thread of its own waits, then calls back --
+    rarely: only when two threads meet in the imports of one patch's modules.
+    """
+    loaded = sys.modules.get(name)
+    locks = import_locks()
+    if not (name in (locks or ()) or (loaded is not None and initializing(loaded))):
+        return False
+
+    def when_ended() -> None:
+        wait_for_import(name)
+        module = sys.modules.get(name)
+        if module is not None and not initializing(module):  # else it failed: watches stay
+            with contextlib.suppress(PatchError):  # strict mode: no import is left to fail
+                callback(module)
+
+    threading.Thread(target=when_ended, name=f"ascend-patch: after {name}", daemon=True).start()
+    return True
 
 
 def import_locks() -> dict[str, Any] | None:
