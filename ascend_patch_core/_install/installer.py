@@ -139,18 +139,29 @@ class Installer:
                 for candidate in candidate_modules(entry.patch.path, found.module):
                     self._wait_for(entry, candidate)
                 entry.record.set(PENDING, f"waiting for import of {found.module}")
-        # Another thread may have started importing the module between resolve() and
-        # watch() -- or even finished it: its loader was then not wrapped, so no callback
-        # will come. Wait for an import under way to finish and look again. (Looking
-        # twice is harmless: an entry that is no longer open is not advanced.)
-        if import_in_progress(found.module):
-            wait_for_import(found.module)
-        module = sys.modules.get(found.module)
-        if module is not None and not initializing(module):
-            self._on_import(entry, found.module)
+        self._look_again(entry, [found.module])
+
+    def _look_again(self, entry: Entry, names: list[str]) -> None:
+        """After watching ``names``: another thread may have started importing one between
+        resolve() and watch() -- or even finished it: its loader was then not wrapped, so
+        no callback will come. Wait for an import under way to end (not in an import
+        callback: _wait_for left that to the hub) and look again. Twice is harmless: an
+        entry that is no longer open is not advanced."""
+        for name in names:
+            if import_in_progress(name):
+                wait_for_import(name)
+            module = sys.modules.get(name)
+            if module is not None and not initializing(module):
+                self._on_import(entry, name)
 
     def _target_missing(self, entry: Entry, found: Missing) -> None:
-        unfinished = initializing_prefixes(entry.patch.path)
+        patch = entry.patch
+        unfinished = initializing_prefixes(patch.path)
+        if not unfinished and not isinstance(resolve(patch.path, create=patch.create), Missing):
+            # A module on the path ended its body between resolve() and the look at
+            # which ones are still running: what was missing may be there now.
+            self.advance(entry)
+            return
         with self.ledger.lock:
             if not entry.open:
                 return
@@ -159,6 +170,11 @@ class Installer:
                 # the name may yet be defined. Look again when it is done.
                 for name in unfinished:
                     self._wait_for(entry, name)
+        if unfinished:
+            self._look_again(entry, unfinished)
+            return
+        with self.ledger.lock:
+            if not entry.open:
                 return
             reason = f"target not found: {found.reason}"
             strict = self._strict()
