@@ -264,6 +264,47 @@ def test_a_patch_advanced_in_an_import_callback_lands_after_another_threads_impo
         patcher.revert()
 
 
+def test_a_module_that_ends_its_body_between_two_looks_is_not_called_missing(
+    make_package: PackageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's module ends its body (in another thread) after the look that found
+    no ``f`` and before the look at which modules are still running: the target is
+    looked up again instead of being called missing (it was skipped, "no attribute")."""
+    from ascend_patch_core._install import installer
+
+    pkg = make_package(
+        {
+            "gate.py": "import threading\nstarted, go = threading.Event(), threading.Event()\n",
+            "slow.py": "from . import gate\ngate.started.set()\ngate.go.wait(30)\n"
+            "def f():\n    return 'orig'\n",
+            "trigger.py": "",
+        }
+    )
+    gate = imp(f"{pkg}.gate")
+    importer = threading.Thread(target=imp, args=(f"{pkg}.slow",))
+    importer.start()
+    assert gate.started.wait(30)
+    looked = installer.initializing_prefixes
+
+    def body_ends_first(path: Any) -> list[str]:
+        gate.go.set()  # slow's body ends between resolve() and this look
+        importer.join(30)
+        return looked(path)
+
+    monkeypatch.setattr(installer, "initializing_prefixes", body_ends_first)
+    patch = AtomicPatch(f"{pkg}.slow.f", lambda: "new", after_import=f"{pkg}.trigger")
+    patcher = Patcher(autoload=False).add(patch)
+    patcher.apply()
+    try:
+        imp(f"{pkg}.trigger")  # in its callback (no waiting), resolve() sees slow without f
+        record = patcher.report.get(patch.name)
+        assert record.status is Status.APPLIED, record.reason
+        assert sys.modules[f"{pkg}.slow"].f() == "new"
+    finally:
+        gate.go.set()
+        patcher.revert()
+
+
 @pytest.mark.parametrize("round_", range(20))
 def test_threads_importing_while_apply_runs_patch_each_target_once(
     make_package: PackageFactory, round_: int, fast_switching: None
