@@ -49,6 +49,7 @@ from .entries import push_layer
 from .entries import who
 from .replacement import DESCRIPTORS
 from .replacement import counter
+from .replacement import may_be_lazy
 from .replacement import replacement_for
 from .replacement import wrapper_maker
 from .stale import module_ids
@@ -57,6 +58,7 @@ from .target import Missing
 from .target import Slot
 from .target import Waiting
 from .target import candidate_modules
+from .target import deepest_loaded
 from .target import engine_owned
 from .target import initializing_prefixes
 from .target import resolve
@@ -183,7 +185,7 @@ class Installer:
         if strict:
             from .strict import strict_failure
 
-            module = _deepest_loaded(entry.patch.path.prefixes) if in_import_callback() else None
+            module = deepest_loaded(entry.patch.path.prefixes) if in_import_callback() else None
             raise strict_failure(entry.record, reason, module=module)
 
     def _wait_for(self, entry: Entry, module: str) -> None:
@@ -338,7 +340,7 @@ class Installer:
                 entry.original = None if original is ABSENT else original  # create=True
                 entry.modules_before = modules_before
                 self._commit(entry, slot, new, immediate)  # a plain module's setattr: no failure
-                if entry.dependents or entry.alias_sites or _may_be_lazy(new):
+                if entry.dependents or entry.alias_sites or may_be_lazy(new):
                     follow_up.append(entry)
         for entry in follow_up:
             self._after_install(entry, entry.slot, entry.installed, True)  # type: ignore[arg-type]
@@ -477,7 +479,7 @@ class Installer:
 
     def _after_install(self, entry: Entry, slot: Slot, new_raw: Any, committed: bool) -> None:
         if committed:
-            if _may_be_lazy(entry.new_inner):
+            if may_be_lazy(entry.new_inner):
                 from .with_imports import install_when_resolved
 
                 install_when_resolved(entry, self.ledger.lock)
@@ -491,19 +493,3 @@ class Installer:
             return
         if entry.dependents:
             self.advance_dependents(entry)
-
-
-def _deepest_loaded(prefixes: tuple[str, ...]) -> str | None:
-    """The innermost of a target's leading modules that is loaded (the one imported now)."""
-    return next((name for name in reversed(prefixes) if name in sys.modules), None)
-
-
-def _may_be_lazy(inner: Any) -> bool:
-    """Whether ``inner`` is a with_imports trampoline (a function with a marker in its __dict__).
-
-    Seen through a staticmethod or classmethod; anything else (a class, a constant, a
-    builtin) is not one.
-    """
-    if type(inner) in (staticmethod, classmethod):
-        inner = inner.__func__
-    return type(inner) is _FUNCTION and "__ascend_patch_with_imports__" in inner.__dict__

@@ -8,6 +8,7 @@ choice between replacement and original around it last.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,14 @@ from .target import inner_callable
 from .target import resolve_string
 
 
-__all__ = ["DESCRIPTORS", "build_replacement", "counter", "replacement_for", "wrapper_maker"]
+__all__ = [
+    "DESCRIPTORS",
+    "build_replacement",
+    "counter",
+    "may_be_lazy",
+    "replacement_for",
+    "wrapper_maker",
+]
 
 #: Class attributes whose function is inside (the replacement goes back in the same kind).
 DESCRIPTORS = (staticmethod, classmethod, property)
@@ -124,3 +132,14 @@ def wrapper_maker() -> Callable[..., Any]:
     from .wrappers import make_runtime_check_wrapper
 
     return make_runtime_check_wrapper
+
+
+def may_be_lazy(inner: Any) -> bool:
+    """Whether ``inner`` is a with_imports trampoline (a function with a marker in its __dict__).
+
+    Seen through a staticmethod or classmethod; anything else (a class, a constant, a
+    builtin) is not one.
+    """
+    if type(inner) in (staticmethod, classmethod):
+        inner = inner.__func__
+    return type(inner) is types.FunctionType and "__ascend_patch_with_imports__" in inner.__dict__

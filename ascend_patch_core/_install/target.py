@@ -36,6 +36,7 @@ __all__ = [
     "Waiting",
     "adapt_to_descriptor",
     "candidate_modules",
+    "deepest_loaded",
     "engine_owned",
     "initializing_prefixes",
     "inner_callable",
@@ -358,6 +359,11 @@ def candidate_modules(path: TargetPath, first_missing: str) -> list[str]:
         if len(name) >= len(first_missing):
             names.append(name)
     return names or [first_missing]
+
+
+def deepest_loaded(prefixes: tuple[str, ...]) -> str | None:
+    """The innermost of a target's leading modules that is loaded (the one imported now)."""
+    return next((name for name in reversed(prefixes) if name in sys.modules), None)
 
 
 def settle_initializing(path: TargetPath) -> None:
