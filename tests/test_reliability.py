@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import sys
 import threading
@@ -129,10 +130,9 @@ def test_thousand_apply_revert_cycles_restore_by_identity_without_growth(
     )
     watches0, meta_path0 = hub_watch_count(), len(sys.meta_path)
     record_count = None
-    cycle_times: list[float] = []
+    tracked: dict[int, int] = {}
     try:
         for cycle in range(1000):
-            started = time.perf_counter()
             report = patcher.apply()
             # Applied: the replacements run, each wrapping the TRUE original (no growth).
             assert core.f(1) == ("new-f", 1) and package.f(1) == ("new-f", 1)
@@ -165,7 +165,9 @@ def test_thousand_apply_revert_cycles_restore_by_identity_without_growth(
             assert core.REGISTRY["key"] is originals["key"]
             assert hub_watch_count() == watches0
             assert len(sys.meta_path) == meta_path0
-            cycle_times.append(time.perf_counter() - started)
+            if cycle in (99, 999):
+                gc.collect()
+                tracked[cycle] = len(gc.get_objects())
     finally:
         patcher.revert()
     assert (core.f(1), core.g(1), core.h(1), C.s(1), C.c(1), C().p) == (
@@ -176,13 +178,10 @@ def test_thousand_apply_revert_cycles_restore_by_identity_without_growth(
         ("orig-c", "C", 1),
         "orig-p",
     )
-    # No growth: the last cycles cost what the first ones did (each cycle scans
-    # sys.modules for stale references, so the absolute time depends on what the
-    # process imported; about 2 s in total for a bare pytest process).
-    first, last = sorted(cycle_times[:100])[50], sorted(cycle_times[-100:])[50]
-    assert last < 3 * first + 0.001, (
-        f"median cycle grew from {first * 1e3:.2f} ms to {last * 1e3:.2f} ms"
-    )
+    # No growth: 900 more cycles leave no more live objects than 100 did (one object
+    # kept per cycle would be 900). Counted, not timed: a timing on a shared machine
+    # fails under load (apply()'s costs are measured in benchmarks/, docs/benchmarks.md).
+    assert tracked[999] - tracked[99] < 100, f"live objects grew by {tracked[999] - tracked[99]}"
 
 
 def test_lazy_apply_revert_cycles_leave_no_trace(make_package: PackageFactory) -> None:
@@ -629,3 +628,95 @@ def test_a_finder_added_by_another_thread_while_the_hub_leaves_is_kept(
     remove_finder(leaving)
     assert sys.meta_path[0] is arriving
     assert all(f is not leaving for f in sys.meta_path)
+
+
+def test_an_alias_whose_module_another_thread_began_importing_before_the_watch_is_patched(
+    make_package: PackageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An alias's module, imported by another thread that found its spec before the
+    alias watched it, is patched once that import ends (the watch alone is never
+    called: that import does not go through the hub's loader)."""
+    pkg = make_package(
+        {
+            "core.py": "def f():\n    return 'orig'\n",
+            "slow.py": "import time\ntime.sleep(0.05)\ndef f():\n    return 'orig-slow'\n",
+        }
+    )
+    imp(f"{pkg}.core")
+    name = f"{pkg}.slow"
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            imp(name)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker)
+    real_watch = hub.watch
+
+    def racing_watch(module: str, callback: Callable[[types.ModuleType], None]) -> Any:
+        # The other thread's import begins (its module in sys.modules, its body still
+        # running) right before the alias's watch is registered.
+        if module == name and thread.ident is None:
+            thread.start()
+            deadline = time.monotonic() + 5
+            while name not in sys.modules and time.monotonic() < deadline:
+                time.sleep(0.0005)
+        return real_watch(module, callback)
+
+    monkeypatch.setattr(hub, "watch", racing_watch)
+    patcher = Patcher(autoload=False).add(
+        AtomicPatch(f"{pkg}.core.f", lambda: "new", aliases=[f"{name}.f"])
+    )
+    report = patcher.apply()
+    try:
+        thread.join(timeout=30)
+        monkeypatch.undo()
+        assert errors == []
+        assert report.get(f"{pkg}.core.f").aliases[f"{name}.f"] == "applied"
+        assert sys.modules[name].f() == "new"
+    finally:
+        patcher.revert()
+    assert sys.modules[name].f() == "orig-slow"
+
+
+def test_an_alias_advanced_in_an_import_callback_lands_after_another_threads_import(
+    make_package: PackageFactory,
+) -> None:
+    """The alias twin of the test above: the target is installed inside an import
+    callback, and its alias's module is being imported by another thread that found
+    its spec before any watch. The callback thread may not wait; the alias lands once
+    that import has ended (it stayed pending for ever)."""
+    pkg = make_package(
+        {
+            "core.py": "def f():\n    return 'orig'\n",
+            "gate.py": "import threading\nstarted, go = threading.Event(), threading.Event()\n",
+            "slow.py": "from . import gate\ngate.started.set()\ngate.go.wait(30)\n"
+            "def f():\n    return 'orig-slow'\n",
+            "trigger.py": "",
+        }
+    )
+    imp(f"{pkg}.core")
+    gate = imp(f"{pkg}.gate")
+    importer = threading.Thread(target=imp, args=(f"{pkg}.slow",))
+    importer.start()  # found by importlib's own finder: no patcher watches it yet
+    assert gate.started.wait(30)
+    patch = AtomicPatch(
+        f"{pkg}.core.f", lambda: "new", aliases=[f"{pkg}.slow.f"], after_import=f"{pkg}.trigger"
+    )
+    patcher = Patcher(autoload=False).add(patch)
+    patcher.apply()
+    try:
+        imp(f"{pkg}.trigger")  # its callback installs core.f; slow is initializing, no f yet
+        gate.go.set()
+        importer.join(30)
+        deadline = time.monotonic() + 30
+        while patcher.report.get(patch.name).aliases[f"{pkg}.slow.f"] != "applied":
+            assert time.monotonic() < deadline, patcher.report.get(patch.name).aliases
+            time.sleep(0.01)
+        assert sys.modules[f"{pkg}.slow"].f() == "new"
+    finally:
+        gate.go.set()
+        patcher.revert()
+    assert sys.modules[f"{pkg}.slow"].f() == "orig-slow"

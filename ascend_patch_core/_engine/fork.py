@@ -224,7 +224,7 @@ _IMPORT_LOCKS_KNOWN = (3, 10) <= sys.version_info[:2] <= (3, 13)
 def _free_import_locks(me: int) -> list[tuple[str, Any, list[Callable[[Any], None]]]]:
     """Release importlib's module locks that threads now gone held; return the imports
     whose post-import callbacks they were running (body done), innermost first."""
-    from ..imports._delivering import delivering
+    from ..imports._under_way import delivering
 
     unfinished: list[tuple[str, Any, list[Callable[[Any], None]]]] = []
     for name in reversed([name for name, entry in delivering.items() if entry[0] != me]):

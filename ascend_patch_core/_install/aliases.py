@@ -10,11 +10,9 @@ replacement built for it.
 from __future__ import annotations
 
 import functools
-import types
 from typing import TYPE_CHECKING
 
 from .._model.report import APPLIED
-from ..imports._hub import hub
 from .entries import Entry
 from .entries import Site
 from .entries import push_layer
@@ -30,6 +28,9 @@ from .target import initializing_prefixes
 from .target import inner_callable
 from .target import resolve
 from .target import settle_initializing
+from .watches import look_again
+from .watches import unwatch
+from .watches import watch
 
 
 if TYPE_CHECKING:
@@ -57,16 +58,17 @@ def advance_alias(installer: InstallState, entry: Entry, site: Site) -> None:
         else:
             modules = unfinished
             aliases[path] = f"pending: waiting for import of {unfinished[-1]}"
+        then = functools.partial(advance_alias, installer, entry, site)
         with installer.ledger.lock:
             if entry.status is not APPLIED:
                 return
             for candidate in modules:
-                key = f"alias:{path}:{candidate}"
-                if entry.watching is None or key not in entry.watching:
-                    callback = functools.partial(_alias_imported, installer, entry, site, key)
-                    entry.watch(key, hub.watch(candidate, callback))
+                watch(entry, f"alias:{path}:{candidate}", candidate, installer.ledger, then)
+        # An import of one that began before the watch calls no watch: wait it out.
+        for candidate in modules:
+            look_again(entry, f"alias:{path}:{candidate}", candidate, installer.ledger, then)
         return
-    _stop_alias_watches(installer, entry, path)
+    unwatch(entry, installer.ledger, f"alias:{path}:")
     if isinstance(found, Missing):
         aliases[path] = f"not found: {found.reason}"
         entry.record.warnings.append(f"alias {path} not found: {found.reason}")
@@ -101,7 +103,7 @@ def advance_alias(installer: InstallState, entry: Entry, site: Site) -> None:
         # Put in and recorded as one step, under the lock (a fork() child sees both or
         # neither); not at all if revert() ran meanwhile.
         with installer.ledger.lock:
-            if entry.status is not APPLIED:
+            if entry.status is not APPLIED or site.slot is not None:  # reverted, or in already
                 return
             found.install(new_raw)
             site.installed_now(found, new_raw, new_inner, modules_before)
@@ -112,23 +114,3 @@ def advance_alias(installer: InstallState, entry: Entry, site: Site) -> None:
         entry.record.warnings.append(f"alias {path} failed: {exc}")
         return
     aliases[path] = "applied"
-
-
-def _alias_imported(
-    installer: InstallState, entry: Entry, site: Site, key: str, module: types.ModuleType
-) -> None:
-    with installer.ledger.lock:
-        handle = entry.watching.pop(key, None) if entry.watching else None
-    if handle is not None:
-        hub.unwatch(handle)
-    advance_alias(installer, entry, site)
-
-
-def _stop_alias_watches(installer: InstallState, entry: Entry, path: str) -> None:
-    prefix = f"alias:{path}:"
-    with installer.ledger.lock:
-        watching = entry.watching or {}
-        keys = [k for k in watching if k.startswith(prefix)]
-        handles = [watching.pop(k) for k in keys]
-    for handle in handles:
-        hub.unwatch(handle)

@@ -33,13 +33,9 @@ from .._model.report import PENDING
 from .._model.report import REVERTED
 from .._model.report import SKIPPED
 from .._model.report import Status
-from ..imports._hub import after_import_ends
 from ..imports._hub import hub
-from ..imports._hub import import_in_progress
-from ..imports._hub import import_locks
-from ..imports._hub import in_import_callback
-from ..imports._hub import initializing
-from ..imports._hub import wait_for_import
+from ..imports._under_way import import_locks
+from ..imports._under_way import in_import_callback
 from .entries import NOT_APPLIED
 from .entries import Entry
 from .entries import Ledger
@@ -64,6 +60,9 @@ from .target import initializing_prefixes
 from .target import resolve
 from .target import resolve_global
 from .target import settle_initializing
+from .watches import look_again
+from .watches import unwatch_all
+from .watches import watch
 
 
 __all__ = ["Installer"]
@@ -141,20 +140,11 @@ class Installer:
                 for candidate in candidate_modules(entry.patch.path, found.module):
                     self._wait_for(entry, candidate)
                 entry.record.set(PENDING, f"waiting for import of {found.module}")
-        self._look_again(entry, [found.module])
+        self._look_again(entry, found.module)
 
-    def _look_again(self, entry: Entry, names: list[str]) -> None:
-        """After watching ``names``: another thread may have started importing one between
-        resolve() and watch() -- or even finished it: its loader was then not wrapped, so
-        no callback will come. Wait for an import under way to end (not in an import
-        callback: _wait_for left that to the hub) and look again. Twice is harmless: an
-        entry that is no longer open is not advanced."""
-        for name in names:
-            if import_in_progress(name):
-                wait_for_import(name)
-            module = sys.modules.get(name)
-            if module is not None and not initializing(module):
-                self._on_import(entry, name)
+    def _look_again(self, entry: Entry, module: str) -> None:
+        # Twice is harmless: an entry that is no longer open is not advanced.
+        look_again(entry, module, module, self.ledger, functools.partial(self.advance, entry))
 
     def _target_missing(self, entry: Entry, found: Missing) -> None:
         patch = entry.patch
@@ -173,7 +163,8 @@ class Installer:
                 for name in unfinished:
                     self._wait_for(entry, name)
         if unfinished:
-            self._look_again(entry, unfinished)
+            for name in unfinished:
+                self._look_again(entry, name)
             return
         with self.ledger.lock:
             if not entry.open:
@@ -189,23 +180,9 @@ class Installer:
             raise strict_failure(entry.record, reason, module=module)
 
     def _wait_for(self, entry: Entry, module: str) -> None:
+        """Under the lock: advance ``entry`` once ``module`` has been imported."""
         entry.record.set(PENDING, f"waiting for import of {module}")
-        if entry.watching is None or module not in entry.watching:
-            entry.watch(module, hub.watch(module, functools.partial(self._imported, entry, module)))
-        if in_import_callback():
-            # No waiting here for another thread's import, whose end may not call the
-            # watch: look again once it has ended (twice is harmless: claimed once).
-            after_import_ends(module, functools.partial(self._imported, entry, module))
-
-    def _imported(self, entry: Entry, name: str, module: types.ModuleType) -> None:
-        self._on_import(entry, name)
-
-    def _on_import(self, entry: Entry, module: str) -> None:
-        with self.ledger.lock:
-            handle = entry.watching.pop(module, None) if entry.watching else None
-        if handle is not None:
-            hub.unwatch(handle)
-        self.advance(entry)
+        watch(entry, module, module, self.ledger, functools.partial(self.advance, entry))
 
     def advance_dependents(self, entry: Entry) -> None:
         for dependent in list(entry.dependents):
@@ -265,9 +242,7 @@ class Installer:
         """End an entry's life with ``status`` (under the lock) and stop its watches."""
         entry.record.set(status, reason)
         entry.claimed = True
-        if entry.watching:
-            for handle in entry.stop_watching():
-                hub.unwatch(handle)
+        unwatch_all(entry)
 
     # ------------------------------------------------------------------ installing
 
@@ -395,9 +370,7 @@ class Installer:
         if entry.claimed or entry.record.status is not PENDING:
             return False
         entry.claimed = threading.get_ident()
-        if entry.watching:
-            for handle in entry.stop_watching():
-                hub.unwatch(handle)
+        unwatch_all(entry)
         return True
 
     def _build(self, entry: Entry, slot: Slot) -> Any:

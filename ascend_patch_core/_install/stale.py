@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .._model.report import APPLIED
-from ..imports._hub import import_locks
+from ..imports._under_way import import_locks
 from .entries import own_modules
 
 

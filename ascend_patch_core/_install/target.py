@@ -22,8 +22,8 @@ from .._model.paths import ENGINE
 from .._model.paths import Segment
 from .._model.paths import TargetPath
 from .._model.value import Value
-from ..imports._hub import initializing
-from ..imports._hub import wait_for_import
+from ..imports._under_way import initializing
+from ..imports._under_way import wait_for_import
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from .entries import own_modules
 from .layers import take_out
 from .stale import find_holders
 from .stale import loaded_modules
+from .watches import unwatch_all
 
 
 if TYPE_CHECKING:
@@ -111,8 +112,7 @@ def revert_all(ledger: Ledger, installer: InstallState, sessions: list[Session])
             elif entry.status is PENDING:
                 entry.record.set(REVERTED, "reverted before its target was imported")
             entry.claimed = True
-            for handle in entry.stop_watching():
-                hub.unwatch(handle)
+            unwatch_all(entry)
     for hook in hooks:
         if hook.handle is not None:
             hub.unwatch(hook.handle)

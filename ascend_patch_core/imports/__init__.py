@@ -22,8 +22,8 @@ import types
 from collections.abc import Callable
 
 from ._hub import hub
-from ._hub import initializing
 from ._hub import remove_finder as _remove_finder
+from ._under_way import initializing
 
 
 __all__ = [

@@ -14,7 +14,6 @@ the hub's lock (wrapt#217); the real spec is found by asking the other finders o
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import importlib.machinery
 import sys
@@ -28,21 +27,13 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from .._model.errors import PatchError
-from ._delivering import delivering
-from ._delivering import forget_delivered
-from ._delivering import initializing
+from ._under_way import callbacks
+from ._under_way import delivering
+from ._under_way import forget_delivered
+from ._under_way import loaded_after_import
 
 
-__all__ = [
-    "ImportHub",
-    "after_import_ends",
-    "hub",
-    "import_in_progress",
-    "in_import_callback",
-    "initializing",
-    "remove_finder",
-    "wait_for_import",
-]
+__all__ = ["ImportHub", "hub", "remove_finder"]
 
 Callback = Callable[[types.ModuleType], None]
 Callback2 = Callable[[str, types.ModuleType], None]
@@ -124,19 +115,6 @@ def _namespace_loader(fullname: str, path: Any) -> Any:
     return _bootstrap_external._NamespaceLoader(fullname, path, finder._get_spec)
 
 
-_local = threading.local()
-
-
-def in_import_callback() -> bool:
-    """True while this thread runs post-import callbacks, i.e. inside an import.
-
-    Such a thread holds importlib's lock on the module just imported, so it must never
-    wait for another module's lock: that could make importlib's deadlock detection
-    fail an unrelated import in another thread.
-    """
-    return getattr(_local, "callback_depth", 0) > 0
-
-
 class ImportHub:
     """Process-wide registry of post-import callbacks and served modules."""
 
@@ -169,16 +147,14 @@ class ImportHub:
         existed (its loader is not wrapped): such an import is waited out here.
         """
         handle = self.watch(module, callback)
-        if import_in_progress(module):
-            wait_for_import(module)
-            loaded = sys.modules.get(module)
-            if loaded is not None and not initializing(loaded):
-                with self._lock:
-                    handles = self._watches.get(module)
-                    mine = handles is not None and handle in handles
-                if mine:
-                    self.unwatch(handle)
-                    callback(loaded)
+        loaded = loaded_after_import(module)
+        if loaded is not None:
+            with self._lock:
+                handles = self._watches.get(module)
+                mine = handles is not None and handle in handles
+            if mine:
+                self.unwatch(handle)
+                callback(loaded)
         return handle
 
     def watch_pattern(self, pattern: str, callback: Callback) -> _PatternWatch:
@@ -327,11 +303,11 @@ class ImportHub:
             waiting = [p.callback for p in reversed(patterns)]
             waiting += [h.callback for h in reversed(handles)]
             # Set under the lock that fork() takes, with the watches taken: a fork()
-            # child finds every callback it must still run (_delivering, _fork).
+            # child finds every callback it must still run (_under_way, _engine.fork).
             delivering[name] = (me, module, waiting)
         errors: list[PatchError] = []
-        depth = getattr(_local, "callback_depth", 0)
-        _local.callback_depth = depth + 1
+        depth = getattr(callbacks, "depth", 0)
+        callbacks.depth = depth + 1
         try:
             while waiting:
                 # Taken off the list once it has returned: one a fork() interrupts is
@@ -354,7 +330,7 @@ class ImportHub:
             delivering.pop(name, None)  # the import fails: importlib drops the module
             raise
         finally:
-            _local.callback_depth = depth
+            callbacks.depth = depth
         forget_delivered(me)  # this import's entry stays until importlib has ended it
         if errors:
             delivering.pop(name, None)
@@ -430,70 +406,6 @@ def remove_finder(finder: object) -> None:
         # old list after this check is still lost; closing that would need a lock
         # every other user of sys.meta_path takes, and there is none.
         sys.meta_path = [f for f in list(current) if f is not finder]
-
-
-def wait_for_import(name: str) -> None:
-    """Block until another thread's import of ``name`` is finished (no-op in this thread's).
-
-    importlib holds a per-module lock from before it looks for the module's spec
-    until the body has run; taking that lock therefore waits out an import that
-    began before the hub was watching the name. Re-entrant for the importing thread.
-    """
-    if in_import_callback():
-        return
-    from importlib import _bootstrap
-
-    manager = getattr(_bootstrap, "_ModuleLockManager", None)
-    if manager is None:  # pragma: no cover - a Python without the private lock API
-        return
-    try:
-        with manager(name):
-            pass
-    except Exception:  # importlib's _DeadlockError: the other thread waits for us
-        return
-
-
-def after_import_ends(name: str, callback: Callback) -> bool:
-    """From a thread that runs import callbacks: ``callback(module)`` once another
-    thread's import of ``name``, under way now, has ended; False if none is under way.
-
-    That thread must not wait for the import itself (:func:`in_import_callback`), and a
-    watch it adds may never be called: an import whose spec was found before the hub
-    watched ``name`` does not go through the hub's loader, and one whose callbacks are
-    running took its watches already. So a thread of its own waits, then calls back --
-    rarely: only when two threads meet in the imports of one patch's modules.
-    """
-    loaded = sys.modules.get(name)
-    locks = import_locks()
-    if not (name in (locks or ()) or (loaded is not None and initializing(loaded))):
-        return False
-
-    def when_ended() -> None:
-        wait_for_import(name)
-        module = sys.modules.get(name)
-        if module is not None and not initializing(module):  # else it failed: watches stay
-            with contextlib.suppress(PatchError):  # strict mode: no import is left to fail
-                callback(module)
-
-    threading.Thread(target=when_ended, name=f"ascend-patch: after {name}", daemon=True).start()
-    return True
-
-
-def import_locks() -> dict[str, Any] | None:
-    """importlib's table of the module locks held now, by module name (None: this Python has none).
-
-    A module is in it from the start of its import until its body has run: far fewer
-    names than sys.modules, and cheaper than asking each module's spec.
-    """
-    from importlib import _bootstrap
-
-    locks = getattr(_bootstrap, "_module_locks", None)
-    return locks if isinstance(locks, dict) else None
-
-
-def import_in_progress(name: str) -> bool:
-    locks = import_locks()
-    return name in sys.modules or (locks is not None and name in locks)
 
 
 #: The single hub of this process.
