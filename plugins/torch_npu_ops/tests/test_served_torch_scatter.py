@@ -125,8 +125,15 @@ def test_the_served_module_is_a_drop_in(isolated_patcher, monkeypatch):
 
 
 @pytest.fixture
-def fake_mx_driving(monkeypatch):
-    """An mx_driving with its real signatures, computing with the torch path; records calls."""
+def fake_mx_driving(npu_emulator):
+    """An mx_driving with its real signatures, computing with the torch path; records calls.
+
+    It stands in for the emulated mx_driving, which the emulator imports when it is
+    activated, and gives that module back before the emulator is deactivated (it takes
+    it out of sys.modules). Not with ``monkeypatch``: the suite's autouse fixtures set
+    that up before the emulator, so it would put the emulated module back after the
+    emulator has gone, for every later test to find.
+    """
     seen = []
     module = types.ModuleType("mx_driving")
 
@@ -159,8 +166,15 @@ def fake_mx_driving(monkeypatch):
     module.scatter_max = scatter_max
     module.scatter_mean = scatter_mean
     module.scatter_add = scatter_add
-    monkeypatch.setitem(sys.modules, "mx_driving", module)
-    return seen
+    emulated = sys.modules.get("mx_driving")
+    sys.modules["mx_driving"] = module
+    try:
+        yield seen
+    finally:
+        if emulated is None:
+            sys.modules.pop("mx_driving", None)
+        else:
+            sys.modules["mx_driving"] = emulated
 
 
 def test_mx_driving_kernels_are_called_with_their_own_signatures(npu_emulator, fake_mx_driving):
