@@ -35,7 +35,6 @@ from .._model.report import Provenance
 from .._model.report import Record
 from .._model.report import Status
 from .target import Slot
-from .target import inner_callable
 
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
     "Skip",
     "label",
     "layers_lock",
-    "own_modules",
     "push_layer",
     "top_layers",
     "who",
@@ -343,32 +341,6 @@ def _failed(record: Record) -> str:
     if record.kind == "group" and plugin:
         return f"group {record.name!r} of plugin {plugin!r}"
     return record.name
-
-
-def own_modules(entries: Iterable[Entry]) -> list[str]:
-    """Modules whose references to originals and replacements are deliberate.
-
-    The core itself, each replacement's defining module, and the package of the
-    plugin that declared the patch: a plugin keeping ``_orig = torch.zeros`` for its
-    fallback must never be rebound to the replacement (that would recurse).
-    """
-    names = {"ascend_patch_core"}
-    for entry in entries:
-        target_module = entry.patch.path.root
-        for obj in (entry.new_inner, entry.patch.replacement):
-            module = getattr(inner_callable(obj), "__module__", None)
-            if not isinstance(module, str) or module == "builtins":
-                continue
-            names.add(module)
-            # Fallback references often live beside the replacement; protect its
-            # package too, unless the target lives in that same package.
-            package = module.rpartition(".")[0]
-            if package and package.partition(".")[0] != target_module:
-                names.add(package)
-        if entry.provenance.entry_point:
-            value = entry.provenance.entry_point.partition("=")[2].strip()
-            names.add(value.partition(":")[0].partition(".")[0])
-    return sorted(names)
 
 
 def who(entry: Entry) -> str:

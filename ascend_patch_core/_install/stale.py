@@ -16,14 +16,40 @@ from typing import TYPE_CHECKING
 
 from .._model.report import APPLIED
 from ..imports._under_way import import_locks
-from .entries import own_modules
+from .target import inner_callable
 
 
 if TYPE_CHECKING:
     from .entries import Entry
 
 
-__all__ = ["find_holders", "loaded_modules", "module_ids", "report_stale"]
+__all__ = ["find_holders", "loaded_modules", "module_ids", "own_modules", "report_stale"]
+
+
+def own_modules(entries: Iterable[Entry]) -> list[str]:
+    """Modules whose references to originals and replacements are deliberate.
+
+    The core itself, each replacement's defining module, and the package of the
+    plugin that declared the patch: a plugin keeping ``_orig = torch.zeros`` for its
+    fallback must never be rebound to the replacement (that would recurse).
+    """
+    names = {"ascend_patch_core"}
+    for entry in entries:
+        target_module = entry.patch.path.root
+        for obj in (entry.new_inner, entry.patch.replacement):
+            module = getattr(inner_callable(obj), "__module__", None)
+            if not isinstance(module, str) or module == "builtins":
+                continue
+            names.add(module)
+            # Fallback references often live beside the replacement; protect its
+            # package too, unless the target lives in that same package.
+            package = module.rpartition(".")[0]
+            if package and package.partition(".")[0] != target_module:
+                names.add(package)
+        if entry.provenance.entry_point:
+            value = entry.provenance.entry_point.partition("=")[2].strip()
+            names.add(value.partition(":")[0].partition(".")[0])
+    return sorted(names)
 
 
 def loaded_modules() -> dict[str, types.ModuleType]:

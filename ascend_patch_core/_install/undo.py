@@ -22,10 +22,10 @@ from ..imports._hub import hub
 from .entries import NOT_APPLIED
 from .entries import Entry
 from .entries import Site
-from .entries import own_modules
 from .layers import take_out
 from .stale import find_holders
 from .stale import loaded_modules
+from .stale import own_modules
 from .watches import unwatch_all
 
 
