@@ -28,6 +28,26 @@ def imp(name: str) -> types.ModuleType:
     return importlib.import_module(name)
 
 
+def imp_beside_others(name: str) -> types.ModuleType:
+    """Import ``name`` (a submodule) while other threads import its siblings.
+
+    CPython's own race, not the core's: at the end of a package's import, importlib
+    takes it out of ``sys.modules`` and puts it back ("Move the module to the end of
+    sys.modules", ``importlib._bootstrap._load_unlocked``, Python 3.10-3.13). A thread
+    that finishes importing one of its submodules in that moment finds the parent gone
+    (``KeyError`` naming it, from ``_find_and_load_unlocked``; seen about once in 600
+    rounds of the tests below with a 1 us switch interval, and shown to happen inside
+    that window). The submodule is loaded by then: importing it again returns it.
+    """
+    parent = name.rpartition(".")[0]
+    try:
+        return imp(name)
+    except KeyError as exc:
+        if exc.args != (parent,):
+            raise
+        return imp(name)
+
+
 def hub_watch_count() -> int:
     return sum(len(handles) for handles in hub._watches.values()) + len(hub._patterns)
 
@@ -360,7 +380,7 @@ def test_threads_importing_while_apply_runs_patch_each_target_once(
         try:
             barrier.wait()
             for name in names:
-                imp(name)
+                imp_beside_others(name)
         except BaseException as exc:
             errors.append(exc)
 
@@ -479,7 +499,7 @@ def test_revert_while_threads_import_leaves_consistent_state(
     def worker(name: str) -> None:
         try:
             barrier.wait()
-            imp(name)
+            imp_beside_others(name)
         except BaseException as exc:
             errors.append(exc)
 
