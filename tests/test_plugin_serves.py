@@ -274,3 +274,21 @@ def test_enable_by_api_loads_an_idle_plugin_holding_the_group(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     assert "old code ran" in done.stdout
+
+
+def test_print_info_before_apply_plans_the_idle_plugin_that_enable_names(tmp_path: Path) -> None:
+    """print_info() before apply() plans as apply() would: with enable("CollectionsCompat")
+    where mmcv is absent, the mmcv plugin's opt-in group is listed (it was left out: only
+    ASCEND_PATCH_ENABLE loaded idle plugins there)."""
+    program = tmp_path / "info.py"
+    program.write_text(
+        "import ascend_patch_core\n"
+        "ascend_patch_core.Patcher(autoload=True).enable('CollectionsCompat').print_info()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH_")}
+    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run(
+        [sys.executable, str(program)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "collections:Iterable" in done.stdout

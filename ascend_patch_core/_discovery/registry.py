@@ -173,7 +173,8 @@ def load_plugins(
     keep it from being imported at all; the others (patch names) are not plugins and
     are not reported as unknown here. ``skip_idle``: a plugin none of whose served
     libraries is installed (:mod:`.plugin_serves`) is not imported, unless
-    ``ASCEND_PATCH_PLUGINS`` names it or ``ASCEND_PATCH_ENABLE`` names any group.
+    ``ASCEND_PATCH_PLUGINS`` names it (whether naming a group loads idle plugins too
+    is the caller's rule: ``_engine.sources``).
 
     Returns the healthy plugins with their declarations, a record per plugin
     (including broken and disabled ones), and warnings.
@@ -194,10 +195,7 @@ def load_plugins(
         infos = cache.entry_points(_hookspecs.PROJECT_NAME, also=(SERVES_GROUP,))
     hidden = cache.shadowed_entry_points(_hookspecs.PROJECT_NAME) if infos else []
     served: dict[str, tuple[str, ...]] = {}
-    # An opt-in group named in ASCEND_PATCH_ENABLE may be an idle plugin's (CollectionsCompat
-    # serves old code whether or not mmcv is installed); which plugin holds it is known only
-    # once plugins are imported, so naming any group loads the idle plugins too.
-    if infos and skip_idle and not selection.enable:
+    if infos and skip_idle:
         served, stray = served_by(cache, infos, hidden)
         warnings.extend(stray)
     for dropped in hidden:

@@ -189,7 +189,9 @@ class PatcherConfig:
         if self.autoload or self.extra_plugins or self.plugin_allow:  # as in Patcher._apply
             from .sources import load_declarations
 
-            declared = load_declarations(selection, self.autoload, self.disabled).declared
+            declared = load_declarations(
+                selection, self.autoload, self.disabled, self.enabled
+            ).declared
         return [*declared, *self.items], self.disabled, frozenset(self.enabled | selection.enable)
 
     def raise_conflicts(

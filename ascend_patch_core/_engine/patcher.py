@@ -367,10 +367,7 @@ class Patcher:
         found = PluginDeclarations()
         # Plugins load with autoload, or when named: Patcher(plugins="mmcv") asks for them.
         if config.autoload or config.extra_plugins or config.plugin_allow:
-            # enable() names opt-in groups, which may be an idle plugin's: load those too.
-            found = load_declarations(
-                selection, config.autoload, config.disabled, load_idle=bool(config.enabled)
-            )
+            found = load_declarations(selection, config.autoload, config.disabled, config.enabled)
             with self._ledger.lock:
                 self._ledger.records.extend(found.records)
                 self._ledger.warnings.extend(found.warnings)

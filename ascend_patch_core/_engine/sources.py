@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -60,12 +61,15 @@ class PluginDeclarations:
 
 
 def load_declarations(
-    selection: PluginSelection, autoload: bool, disabled: Iterable[str], load_idle: bool = False
+    selection: PluginSelection,
+    autoload: bool,
+    disabled: Iterable[str],
+    enabled: Collection[str] = (),
 ) -> PluginDeclarations:
     """Load the selected plugins (entry points only with ``autoload``) and gather their declarations.
 
     Plugins named in ``disabled`` (by entry-point or distribution name) are never imported.
-    ``load_idle``: plugins none of whose served libraries is installed are loaded too.
+    ``enabled``: the opt-in groups ``Patcher.enable()`` names.
     """
     if not autoload:
         selection = PluginSelection(
@@ -78,9 +82,12 @@ def load_declarations(
             selection.timeout,
         )
     disabled = set(disabled)
-    plugins, records, warnings = load_plugins(
-        selection, metadata, disabled, skip_idle=not load_idle
-    )
+    # An opt-in group named by enable() or ASCEND_PATCH_ENABLE may be an idle plugin's
+    # (CollectionsCompat serves old code whether or not mmcv is installed); which plugin
+    # holds it is known only once plugins are imported, so naming any group loads the
+    # idle plugins too (docs/core.md, "Idle plugins").
+    skip_idle = not (selection.enable or enabled)
+    plugins, records, warnings = load_plugins(selection, metadata, disabled, skip_idle=skip_idle)
     found = PluginDeclarations()
     found.records, found.warnings = records, warnings
     for plugin in plugins:  # load_plugins has left the disabled ones out
