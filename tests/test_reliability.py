@@ -36,8 +36,9 @@ def imp_beside_others(name: str) -> types.ModuleType:
     sys.modules", ``importlib._bootstrap._load_unlocked``, Python 3.10-3.13). A thread
     that finishes importing one of its submodules in that moment finds the parent gone
     (``KeyError`` naming it, from ``_find_and_load_unlocked``; seen about once in 600
-    rounds of the tests below with a 1 us switch interval, and shown to happen inside
-    that window). The submodule is loaded by then: importing it again returns it.
+    to 1,800 rounds of the tests below with a 1 us switch interval, and shown with
+    sys.monitoring to happen inside that window). The submodule is loaded by then:
+    importing it again returns it.
     """
     parent = name.rpartition(".")[0]
     try:
