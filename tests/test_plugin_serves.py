@@ -256,23 +256,30 @@ def test_scan_still_reads_code_with_the_plugins_of_absent_libraries(
     assert plugins[ep] == "loaded"
 
 
-def test_enable_by_api_loads_an_idle_plugin_holding_the_group(tmp_path: Path) -> None:
-    """Patcher.enable("CollectionsCompat") where mmcv is absent: the mmcv plugin, idle
-    otherwise, is loaded and its opt-in group serves old code (as ASCEND_PATCH_ENABLE does)."""
-    program = tmp_path / "old_code.py"
-    program.write_text(
-        "import ascend_patch_core\n"
-        "patcher = ascend_patch_core.Patcher(autoload=True).enable('CollectionsCompat')\n"
-        "patcher.apply()\n"
-        "from collections import Iterable\n"
-        "print('old code ran', Iterable)\n"
-    )
+def _run_program(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` as a program with the installed plugins, no ASCEND_PATCH_* switch set."""
+    program = tmp_path / "program.py"
+    program.write_text(source)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH_")}
     env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
         [sys.executable, str(program)], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_enable_by_api_loads_an_idle_plugin_holding_the_group(tmp_path: Path) -> None:
+    """Patcher.enable("CollectionsCompat") where mmcv is absent: the mmcv plugin, idle
+    otherwise, is loaded and its opt-in group serves old code (as ASCEND_PATCH_ENABLE does)."""
+    done = _run_program(
+        tmp_path,
+        "import ascend_patch_core\n"
+        "patcher = ascend_patch_core.Patcher(autoload=True).enable('CollectionsCompat')\n"
+        "patcher.apply()\n"
+        "from collections import Iterable\n"
+        "print('old code ran', Iterable)\n",
+    )
     assert "old code ran" in done.stdout
 
 
@@ -280,15 +287,9 @@ def test_print_info_before_apply_plans_the_idle_plugin_that_enable_names(tmp_pat
     """print_info() before apply() plans as apply() would: with enable("CollectionsCompat")
     where mmcv is absent, the mmcv plugin's opt-in group is listed (it was left out: only
     ASCEND_PATCH_ENABLE loaded idle plugins there)."""
-    program = tmp_path / "info.py"
-    program.write_text(
+    done = _run_program(
+        tmp_path,
         "import ascend_patch_core\n"
-        "ascend_patch_core.Patcher(autoload=True).enable('CollectionsCompat').print_info()\n"
+        "ascend_patch_core.Patcher(autoload=True).enable('CollectionsCompat').print_info()\n",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_PATCH_")}
-    env["ASCEND_PATCH_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run(
-        [sys.executable, str(program)], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
     assert "collections:Iterable" in done.stdout

@@ -49,6 +49,16 @@ def imp_beside_others(name: str) -> types.ModuleType:
         return imp(name)
 
 
+def wait_until(
+    done: Callable[[], bool], explain: Callable[[], object], seconds: float = 30
+) -> None:
+    """Wait for ``done()`` (a patch landing from the hub's own thread); fail with ``explain()``."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, explain()
+        time.sleep(0.01)
+
+
 def hub_watch_count() -> int:
     return sum(len(handles) for handles in hub._watches.values()) + len(hub._patterns)
 
@@ -274,10 +284,10 @@ def test_a_patch_advanced_in_an_import_callback_lands_after_another_threads_impo
         imp(f"{pkg}.trigger")  # its callback finds slow initializing, without f yet
         gate.go.set()
         importer.join(30)
-        deadline = time.monotonic() + 30
-        while patcher.report.get(patch.name).status is not Status.APPLIED:
-            assert time.monotonic() < deadline, patcher.report.get(patch.name).reason
-            time.sleep(0.01)
+        wait_until(
+            lambda: patcher.report.get(patch.name).status is Status.APPLIED,
+            lambda: patcher.report.get(patch.name).reason,
+        )
         assert sys.modules[f"{pkg}.slow"].f() == "new"
     finally:
         gate.go.set()
@@ -520,13 +530,12 @@ def test_revert_while_threads_import_leaves_consistent_state(
     assert hub_watch_count() == watches0
 
 
-def test_import_starting_between_resolve_and_watch_is_patched(
-    make_package: PackageFactory, patcher: Patcher, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An import another thread starts between apply()'s resolve() and its watch() is still patched."""
-    pkg = make_package({"core.py": "import time\ntime.sleep(0.05)\ndef f():\n    return 'orig'\n"})
-    imp(pkg)
-    name = f"{pkg}.core"
+def start_import_before_its_watch(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> tuple[threading.Thread, list[BaseException]]:
+    """Force an interleaving: when the hub is asked to watch ``name``, another thread's
+    import of it begins first (its module in sys.modules, its body still running), so
+    that import does not go through the hub's loader. Returns that thread and its errors."""
     errors: list[BaseException] = []
 
     def worker() -> None:
@@ -539,9 +548,7 @@ def test_import_starting_between_resolve_and_watch_is_patched(
     real_watch = hub.watch
 
     def racing_watch(module: str, callback: Callable[[types.ModuleType], None]) -> Any:
-        # Force the interleaving: the other thread's import begins (its module is in
-        # sys.modules, its body still running) right before the watch is registered.
-        if module == name and not thread.is_alive() and thread.ident is None:
+        if module == name and thread.ident is None:
             thread.start()
             deadline = time.monotonic() + 5
             while name not in sys.modules and time.monotonic() < deadline:
@@ -549,6 +556,17 @@ def test_import_starting_between_resolve_and_watch_is_patched(
         return real_watch(module, callback)
 
     monkeypatch.setattr(hub, "watch", racing_watch)
+    return thread, errors
+
+
+def test_import_starting_between_resolve_and_watch_is_patched(
+    make_package: PackageFactory, patcher: Patcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An import another thread starts between apply()'s resolve() and its watch() is still patched."""
+    pkg = make_package({"core.py": "import time\ntime.sleep(0.05)\ndef f():\n    return 'orig'\n"})
+    imp(pkg)
+    name = f"{pkg}.core"
+    thread, errors = start_import_before_its_watch(monkeypatch, name)
     report = patcher.add(AtomicPatch(f"{name}.f", lambda: "new")).apply()
     thread.join(timeout=30)
     monkeypatch.undo()
@@ -665,28 +683,7 @@ def test_an_alias_whose_module_another_thread_began_importing_before_the_watch_i
     )
     imp(f"{pkg}.core")
     name = f"{pkg}.slow"
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            imp(name)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=worker)
-    real_watch = hub.watch
-
-    def racing_watch(module: str, callback: Callable[[types.ModuleType], None]) -> Any:
-        # The other thread's import begins (its module in sys.modules, its body still
-        # running) right before the alias's watch is registered.
-        if module == name and thread.ident is None:
-            thread.start()
-            deadline = time.monotonic() + 5
-            while name not in sys.modules and time.monotonic() < deadline:
-                time.sleep(0.0005)
-        return real_watch(module, callback)
-
-    monkeypatch.setattr(hub, "watch", racing_watch)
+    thread, errors = start_import_before_its_watch(monkeypatch, name)
     patcher = Patcher(autoload=False).add(
         AtomicPatch(f"{pkg}.core.f", lambda: "new", aliases=[f"{name}.f"])
     )
@@ -732,10 +729,10 @@ def test_an_alias_advanced_in_an_import_callback_lands_after_another_threads_imp
         imp(f"{pkg}.trigger")  # its callback installs core.f; slow is initializing, no f yet
         gate.go.set()
         importer.join(30)
-        deadline = time.monotonic() + 30
-        while patcher.report.get(patch.name).aliases[f"{pkg}.slow.f"] != "applied":
-            assert time.monotonic() < deadline, patcher.report.get(patch.name).aliases
-            time.sleep(0.01)
+        wait_until(
+            lambda: patcher.report.get(patch.name).aliases[f"{pkg}.slow.f"] == "applied",
+            lambda: patcher.report.get(patch.name).aliases,
+        )
         assert sys.modules[f"{pkg}.slow"].f() == "new"
     finally:
         gate.go.set()
