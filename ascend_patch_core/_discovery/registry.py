@@ -16,6 +16,7 @@ Hooks are called one implementation at a time (rather than through
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from collections.abc import Iterable
 from collections.abc import Sequence
 
@@ -166,6 +167,7 @@ def load_plugins(
     also_disabled: Iterable[str] = (),
     *,
     skip_idle: bool = True,
+    enabled: Collection[str] = (),
 ) -> tuple[list[LoadedPlugin], list[Record], list[str]]:
     """Discover, load and call every selected plugin, each in isolation.
 
@@ -173,8 +175,8 @@ def load_plugins(
     keep it from being imported at all; the others (patch names) are not plugins and
     are not reported as unknown here. ``skip_idle``: a plugin none of whose served
     libraries is installed (:mod:`.plugin_serves`) is not imported, unless
-    ``ASCEND_PATCH_PLUGINS`` names it (whether naming a group loads idle plugins too
-    is the caller's rule: ``_engine.sources``).
+    ``ASCEND_PATCH_PLUGINS`` names it or an opt-in group is named: ``enabled``
+    (``Patcher.enable()``'s names) or ``ASCEND_PATCH_ENABLE``.
 
     Returns the healthy plugins with their declarations, a record per plugin
     (including broken and disabled ones), and warnings.
@@ -195,7 +197,11 @@ def load_plugins(
         infos = cache.entry_points(_hookspecs.PROJECT_NAME, also=(SERVES_GROUP,))
     hidden = cache.shadowed_entry_points(_hookspecs.PROJECT_NAME) if infos else []
     served: dict[str, tuple[str, ...]] = {}
-    if infos and skip_idle:
+    # An opt-in group named in enable() or ASCEND_PATCH_ENABLE may be an idle plugin's
+    # (CollectionsCompat serves old code whether or not mmcv is installed); which plugin
+    # holds it is known only once plugins are imported, so naming any group loads the
+    # idle plugins too (docs/core.md, "Idle plugins").
+    if infos and skip_idle and not (selection.enable or enabled):
         served, stray = served_by(cache, infos, hidden)
         warnings.extend(stray)
     for dropped in hidden:

@@ -82,12 +82,7 @@ def load_declarations(
             selection.timeout,
         )
     disabled = set(disabled)
-    # An opt-in group named by enable() or ASCEND_PATCH_ENABLE may be an idle plugin's
-    # (CollectionsCompat serves old code whether or not mmcv is installed); which plugin
-    # holds it is known only once plugins are imported, so naming any group loads the
-    # idle plugins too (docs/core.md, "Idle plugins").
-    skip_idle = not (selection.enable or enabled)
-    plugins, records, warnings = load_plugins(selection, metadata, disabled, skip_idle=skip_idle)
+    plugins, records, warnings = load_plugins(selection, metadata, disabled, enabled=enabled)
     found = PluginDeclarations()
     found.records, found.warnings = records, warnings
     for plugin in plugins:  # load_plugins has left the disabled ones out
