@@ -267,6 +267,24 @@ def test_skip_import_revert_of_an_absent_module_leaves_nothing(patcher: Patcher)
         importlib.import_module(name)
 
 
+def test_revert_leaves_a_module_someone_else_put_under_a_served_name(
+    patcher: Patcher,
+) -> None:
+    """revert() takes out only the modules the rule served: one a test or the program put
+    in sys.modules under that name since (a stand-in) is theirs, and stays."""
+    name = _absent()
+    patcher.skip_import(name)
+    served = importlib.import_module(name)
+    assert is_stub(served)
+    stand_in = types.ModuleType(name)
+    sys.modules[name] = stand_in
+    try:
+        patcher.revert()
+        assert sys.modules.get(name) is stand_in
+    finally:
+        sys.modules.pop(name, None)
+
+
 def test_skip_import_rule_class_through_a_plugin(make_package: PackageFactory) -> None:
     """A SkipImport object handed over by a plugin acts from apply() and is undone by revert()."""
     pkg = make_package({"heavy.py": "raise RuntimeError('must not run')\n"})

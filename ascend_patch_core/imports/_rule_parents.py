@@ -96,8 +96,8 @@ _server = _ParentServer()
 class MissingParents:
     """The missing parents of one rule's module, claimed on the shared server."""
 
-    def __init__(self, module: str, created: list[str], strict: Callable[[], bool]) -> None:
-        # ``created`` and ``strict`` are the rule's; the server removes what it built.
+    def __init__(self, module: str) -> None:
+        # The server removes what it built, once the last rule needing it is withdrawn.
         parts = module.split(".")[:-1]
         prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
         self.names = [p for p in prefixes if _server.claim(p, self)]

@@ -52,7 +52,8 @@ class ImportRule:
     def __init__(self, module: str) -> None:
         self.module = module
         self.record: Record | None = None
-        self._created: list[str] = []
+        #: The modules this rule served, by name, in the order it served them.
+        self._created: dict[str, types.ModuleType] = {}
         #: Whether a failure to serve the module raises (the activating patcher's
         #: strict mode) or falls back to the real module.
         self.strict: Callable[[], bool] = _never
@@ -72,11 +73,14 @@ class ImportRule:
         return f"{type(self).__name__}({self.module!r})"
 
     def _forget_created(self) -> None:
-        for name in reversed(self._created):
-            module = sys.modules.pop(name, None)
+        # Only what is still this rule's: a module put under the name since (a test's
+        # stand-in, a program's own) is someone else's to take out.
+        for name, module in reversed(self._created.items()):
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
             parent_name, _, child = name.rpartition(".")
             parent = sys.modules.get(parent_name) if parent_name else None
-            if parent is not None and module is not None and vars(parent).get(child) is module:
+            if parent is not None and vars(parent).get(child) is module:
                 delattr(parent, child)
         self._created.clear()
 
@@ -116,7 +120,7 @@ class _ServedRule(ImportRule):
         if "." in self.module and not self.when_missing:
             from ._rule_parents import MissingParents
 
-            self._parents = MissingParents(self.module, self._created, lambda: self.strict())
+            self._parents = MissingParents(self.module)
         when = ", if no real one is installed" if self.when_missing else ""
         record.set(Status.PENDING, f"takes effect when {self.module} is imported{when}")
         parent = self.module.rpartition(".")[0]
@@ -173,7 +177,7 @@ class _ServedRule(ImportRule):
         return f"ascend-patch:{self.kind}"
 
     def served(self, fullname: str, module: types.ModuleType) -> None:
-        self._created.append(fullname)
+        self._created[fullname] = module
         if self.record is not None and fullname == self.module:
             why = f"no real {fullname} is installed" if self.when_missing else None
             self.record.set(Status.APPLIED, why)
