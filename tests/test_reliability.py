@@ -258,6 +258,28 @@ def _threaded_package(make_package: PackageFactory) -> str:
     return make_package(files)
 
 
+def slow_import_under_way(
+    make_package: PackageFactory, slow_f: str = "orig", **files: str
+) -> tuple[str, types.ModuleType, threading.Thread]:
+    """A package whose module ``slow`` another thread is importing now, held in its body
+    (before it defines ``f``) until ``gate.go`` is set. Its spec was found by importlib's
+    own finder: no patcher watches it yet. Returns the package, its gate and that thread."""
+    pkg = make_package(
+        {
+            "gate.py": "import threading\nstarted, go = threading.Event(), threading.Event()\n",
+            "slow.py": "from . import gate\ngate.started.set()\ngate.go.wait(30)\n"
+            f"def f():\n    return {slow_f!r}\n",
+            "trigger.py": "",
+            **{f"{name}.py": source for name, source in files.items()},
+        }
+    )
+    gate = imp(f"{pkg}.gate")
+    importer = threading.Thread(target=imp, args=(f"{pkg}.slow",))
+    importer.start()
+    assert gate.started.wait(30)
+    return pkg, gate, importer
+
+
 def test_a_patch_advanced_in_an_import_callback_lands_after_another_threads_import(
     make_package: PackageFactory,
 ) -> None:
@@ -265,18 +287,7 @@ def test_a_patch_advanced_in_an_import_callback_lands_after_another_threads_impo
     that import began before the hub watched its module, its end calls no watch: the
     patch stayed pending for ever (a 1-in-~3,000 failure of the threaded test below on
     a loaded 2-core machine). It lands once that import has ended."""
-    pkg = make_package(
-        {
-            "gate.py": "import threading\nstarted, go = threading.Event(), threading.Event()\n",
-            "slow.py": "from . import gate\ngate.started.set()\ngate.go.wait(30)\n"
-            "def f():\n    return 'orig'\n",
-            "trigger.py": "",
-        }
-    )
-    gate = imp(f"{pkg}.gate")
-    importer = threading.Thread(target=imp, args=(f"{pkg}.slow",))
-    importer.start()  # found by importlib's own finder: no patcher watches it yet
-    assert gate.started.wait(30)
+    pkg, gate, importer = slow_import_under_way(make_package)
     patch = AtomicPatch(f"{pkg}.slow.f", lambda: "new", after_import=f"{pkg}.trigger")
     patcher = Patcher(autoload=False).add(patch)
     patcher.apply()
@@ -302,18 +313,7 @@ def test_a_module_that_ends_its_body_between_two_looks_is_not_called_missing(
     looked up again instead of being called missing (it was skipped, "no attribute")."""
     from ascend_patch_core._install import installer
 
-    pkg = make_package(
-        {
-            "gate.py": "import threading\nstarted, go = threading.Event(), threading.Event()\n",
-            "slow.py": "from . import gate\ngate.started.set()\ngate.go.wait(30)\n"
-            "def f():\n    return 'orig'\n",
-            "trigger.py": "",
-        }
-    )
-    gate = imp(f"{pkg}.gate")
-    importer = threading.Thread(target=imp, args=(f"{pkg}.slow",))
-    importer.start()
-    assert gate.started.wait(30)
+    pkg, gate, importer = slow_import_under_way(make_package)
     looked = installer.initializing_prefixes
 
     def body_ends_first(path: Any) -> list[str]:
@@ -706,20 +706,10 @@ def test_an_alias_advanced_in_an_import_callback_lands_after_another_threads_imp
     callback, and its alias's module is being imported by another thread that found
     its spec before any watch. The callback thread may not wait; the alias lands once
     that import has ended (it stayed pending for ever)."""
-    pkg = make_package(
-        {
-            "core.py": "def f():\n    return 'orig'\n",
-            "gate.py": "import threading\nstarted, go = threading.Event(), threading.Event()\n",
-            "slow.py": "from . import gate\ngate.started.set()\ngate.go.wait(30)\n"
-            "def f():\n    return 'orig-slow'\n",
-            "trigger.py": "",
-        }
+    pkg, gate, importer = slow_import_under_way(
+        make_package, slow_f="orig-slow", core="def f():\n    return 'orig'\n"
     )
     imp(f"{pkg}.core")
-    gate = imp(f"{pkg}.gate")
-    importer = threading.Thread(target=imp, args=(f"{pkg}.slow",))
-    importer.start()  # found by importlib's own finder: no patcher watches it yet
-    assert gate.started.wait(30)
     patch = AtomicPatch(
         f"{pkg}.core.f", lambda: "new", aliases=[f"{pkg}.slow.f"], after_import=f"{pkg}.trigger"
     )
