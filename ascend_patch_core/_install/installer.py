@@ -277,6 +277,7 @@ class Installer:
             else None
         )
         count = counter() if self.count_calls else None
+        owned: dict[int, bool] = {}  # engine_owned() by id of a module: most share one
         with self.ledger.lock:
             modules_before = module_ids()
             for entry in entries:
@@ -296,7 +297,7 @@ class Installer:
                     patch.direct
                     and type(owner) is types.ModuleType
                     and type(original) not in DESCRIPTORS
-                    and not engine_owned(owner)  # refused by _build
+                    and not _engine_owned(owner, owned)  # refused by _build
                 ):
                     to_build.append((entry, slot))
                     continue
@@ -314,7 +315,10 @@ class Installer:
                 entry.replacement, entry.new_inner = replacement, new
                 entry.original = None if original is ABSENT else original  # create=True
                 entry.modules_before = modules_before
-                self._commit(entry, slot, new, immediate)  # a plain module's setattr: no failure
+                # Fresh and claimed here, so _commit's checks hold; a plain module's
+                # setattr cannot fail.
+                setattr(owner, slot.key, new)
+                self._installed(entry, slot, new, immediate)
                 if entry.dependents or entry.alias_sites or may_be_lazy(new):
                     follow_up.append(entry)
         for entry in follow_up:
@@ -439,6 +443,11 @@ class Installer:
             slot.install(new_raw)
         except Exception as exc:
             return exc
+        self._installed(entry, slot, new_raw, immediate)
+        return True
+
+    def _installed(self, entry: Entry, slot: Slot, new_raw: Any, immediate: bool) -> None:
+        """Under the lock: record that ``new_raw`` was just put in ``slot`` (see _commit)."""
         if entry.slot is None:  # the first installation (a later one is a with_imports swap)
             entry.slot, entry.installed, entry.installed_inner = slot, new_raw, entry.new_inner
             push_layer(entry)
@@ -447,8 +456,7 @@ class Installer:
         self.log[entry] = None
         if immediate:
             self.stale_candidates.append(entry)
-        record.status, record.reason = APPLIED, None
-        return True
+        entry.record.status, entry.record.reason = APPLIED, None
 
     def _after_install(self, entry: Entry, slot: Slot, new_raw: Any, committed: bool) -> None:
         if committed:
@@ -466,3 +474,11 @@ class Installer:
             return
         if entry.dependents:
             self.advance_dependents(entry)
+
+
+def _engine_owned(module: types.ModuleType, answers: dict[int, bool]) -> bool:
+    """engine_owned(module), asked once per module of a batch (the batch keeps it alive)."""
+    answer = answers.get(id(module))
+    if answer is None:
+        answer = answers[id(module)] = engine_owned(module)
+    return answer

@@ -395,8 +395,11 @@ LOW_LEVEL = ("_imp", "_thread", "_weakref", "_warnings", "marshal", "_io", "posi
 _OWNERS = frozenset(("sys", "builtins", "importlib", "threading", "os", *MACHINERY, *LOW_LEVEL))
 
 
+_ENGINE_PREFIX = ENGINE + "."
+
+
 def is_engine(name: object) -> bool:
-    return isinstance(name, str) and (name == ENGINE or name.startswith(ENGINE + "."))
+    return isinstance(name, str) and (name == ENGINE or name.startswith(_ENGINE_PREFIX))
 
 
 def engine_owned(owner: object) -> bool:

@@ -390,6 +390,10 @@ class Patch:
         raise NotImplementedError(f"{cls.__qualname__}.patches() is not implemented")
 
 
+#: Classes that are never import rules (the mark is looked up on any other): what
+#: add() gets most, and a failed class-attribute lookup costs ~0.25 us on 3.10/3.11.
+_NOT_RULES: frozenset[type] = frozenset((AtomicPatch, ModuleHook, LegacyPatch, type))
+
 #: What ``Patcher.add`` and the ``register_patches`` hook accept.
 PatchLike: TypeAlias = Union[type[Patch], AtomicPatch, ModuleHook, LegacyPatch]  # noqa: UP007 (runtime alias on 3.10)
 
@@ -402,7 +406,10 @@ def is_import_rule(obj: object) -> bool:
     this module (docs/core.md). ``ImportRule`` marks its class, so its subclasses
     carry the mark; asked of the class, never the instance (a mock answers anything).
     """
-    return getattr(type(obj), "__ascend_patch_import_rule__", False) is True
+    cls = type(obj)
+    if cls in _NOT_RULES:  # add() asks this of every patch: answer the common ones at once
+        return False
+    return getattr(cls, "__ascend_patch_import_rule__", False) is True
 
 
 #: What _keyword_names answers for a callable taking ``**kwargs``.
