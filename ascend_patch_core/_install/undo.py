@@ -10,6 +10,7 @@ someone else changed after we patched it is left alone and reported, never overw
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
@@ -47,7 +48,7 @@ def restore_site(site: Site, warn: Callable[[str], None]) -> None:
     take_out((site,), warn)
 
 
-def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
+def restore_late_holders(log: Collection[Site], entries: Iterable[Entry]) -> None:
     """Give back the original to modules that imported a replacement while it was applied.
 
     ``from x import f`` executed after the patch binds the replacement; without this,
@@ -55,23 +56,18 @@ def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
     modules loaded after an installation can hold it that way, so only they are
     searched (for a patcher whose imports all happened before apply(), none).
     """
-    # replaced object id -> (object, original raw, ids of modules loaded before it went in)
-    wanted: dict[int, tuple[Any, Any, frozenset[int]]] = {}
-    slots: set[tuple[int, str]] = set()
-    snapshots: dict[int, frozenset[int]] = {}
-    for site in log:
-        slot = site.slot
-        if slot is None:
-            continue
-        slots.add((id(slot.owner), slot.key))
-        if slot.kind != "module" or not slot.own:
-            continue
-        for inner, modules_before in site.history():
-            if callable(inner):
-                wanted[id(inner)] = (inner, slot.raw, modules_before)
-                snapshots[id(modules_before)] = modules_before
-    if not wanted:
+    # First the snapshots alone: most reverts come while every module was loaded
+    # before the installs, and then there is nothing to search for.
+    installs = [
+        (site.slot, inner, modules_before)
+        for site in log
+        if site.slot is not None and site.slot.kind == "module" and site.slot.own
+        for inner, modules_before in site.history()
+        if callable(inner)
+    ]
+    if not installs:
         return
+    snapshots = {id(before): before for _, _, before in installs}
     # One snapshot object serves every install made while sys.modules did not change:
     # the modules to search are those missing from at least one snapshot.
     common = frozenset.intersection(*snapshots.values())
@@ -79,6 +75,11 @@ def restore_late_holders(log: Iterable[Site], entries: Iterable[Entry]) -> None:
     candidates = {name: m for name, m in loaded.items() if m is not None and id(m) not in common}
     if not candidates:
         return
+    # replaced object id -> (object, original raw, ids of modules loaded before it went in)
+    wanted: dict[int, tuple[Any, Any, frozenset[int]]] = {
+        id(inner): (inner, slot.raw, before) for slot, inner, before in installs
+    }
+    slots = {(id(site.slot.owner), site.slot.key) for site in log if site.slot is not None}
     holders = find_holders(
         {key: value[0] for key, value in wanted.items()},
         set(),
