@@ -315,10 +315,7 @@ class Installer:
                 entry.replacement, entry.new_inner = replacement, new
                 entry.original = None if original is ABSENT else original  # create=True
                 entry.modules_before = modules_before
-                # Fresh and claimed here, so _commit's checks hold; a plain module's
-                # setattr cannot fail.
-                setattr(owner, slot.key, new)
-                self._installed(entry, slot, new, immediate)
+                self._commit(entry, slot, new, immediate)  # a plain module's setattr: no failure
                 if entry.dependents or entry.alias_sites or may_be_lazy(new):
                     follow_up.append(entry)
         for entry in follow_up:
@@ -443,11 +440,6 @@ class Installer:
             slot.install(new_raw)
         except Exception as exc:
             return exc
-        self._installed(entry, slot, new_raw, immediate)
-        return True
-
-    def _installed(self, entry: Entry, slot: Slot, new_raw: Any, immediate: bool) -> None:
-        """Under the lock: record that ``new_raw`` was just put in ``slot`` (see _commit)."""
         if entry.slot is None:  # the first installation (a later one is a with_imports swap)
             entry.slot, entry.installed, entry.installed_inner = slot, new_raw, entry.new_inner
             push_layer(entry)
@@ -456,7 +448,8 @@ class Installer:
         self.log[entry] = None
         if immediate:
             self.stale_candidates.append(entry)
-        entry.record.status, entry.record.reason = APPLIED, None
+        record.status, record.reason = APPLIED, None
+        return True
 
     def _after_install(self, entry: Entry, slot: Slot, new_raw: Any, committed: bool) -> None:
         if committed:
