@@ -1256,3 +1256,45 @@ def test_non_strict_import_succeeds_and_records_failure(
     record = report.get(f"{pkg}.core.compute")
     assert record.status is Status.FAILED and "cannot wrap" in (record.reason or "")
     assert not report.ok
+
+
+def test_add_tells_import_rules_from_patches_by_their_class() -> None:
+    # add() answers "is this an import rule?" for the model's own classes without
+    # looking up the rule mark; subclasses, rules and odd objects still get the lookup.
+    from unittest import mock
+
+    from ascend_patch_core import SkipImport
+
+    class MyPatch(AtomicPatch):
+        pass
+
+    class MyRule(SkipImport):
+        pass
+
+    class Meta(type):  # classes of this metaclass are unhashable
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+    class Odd(metaclass=Meta):
+        pass
+
+    def dumps(*args: Any, **kwargs: Any) -> str:
+        return "patched"
+
+    patcher = Patcher()
+    try:
+        patcher.add(MyPatch("json.dumps", dumps))
+        patcher.add(MyRule("_ap_rule_sorted_pkg"), SkipImport("_ap_rule_sorted_other"))
+        for bad in (Odd(), mock.Mock(), object()):
+            with pytest.raises(TypeError, match=r"Patcher\.add\(\) takes Patch subclasses"):
+                patcher.add(bad)
+        patcher.apply()
+        assert json.dumps({}) == "patched"
+        from ascend_patch_core import is_stub
+
+        for name in ("_ap_rule_sorted_pkg", "_ap_rule_sorted_other"):
+            assert is_stub(importlib.import_module(name))
+    finally:
+        patcher.revert()
+    assert json.dumps({}) == "{}"
+    assert "_ap_rule_sorted_pkg" not in sys.modules

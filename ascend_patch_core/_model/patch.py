@@ -390,10 +390,6 @@ class Patch:
         raise NotImplementedError(f"{cls.__qualname__}.patches() is not implemented")
 
 
-#: Classes that are never import rules (the mark is looked up on any other): what
-#: add() gets most, and a failed class-attribute lookup costs ~0.25 us on 3.10/3.11.
-_NOT_RULES: frozenset[type] = frozenset((AtomicPatch, ModuleHook, LegacyPatch, type))
-
 #: What ``Patcher.add`` and the ``register_patches`` hook accept.
 PatchLike: TypeAlias = Union[type[Patch], AtomicPatch, ModuleHook, LegacyPatch]  # noqa: UP007 (runtime alias on 3.10)
 
@@ -407,7 +403,9 @@ def is_import_rule(obj: object) -> bool:
     carry the mark; asked of the class, never the instance (a mock answers anything).
     """
     cls = type(obj)
-    if cls in _NOT_RULES:  # add() asks this of every patch: answer the common ones at once
+    # add() asks this of every patch and group: answer those at once (by identity, as a
+    # class may be unhashable), since a failed class-attribute lookup costs ~0.25 us.
+    if cls is AtomicPatch or cls is type:
         return False
     return getattr(cls, "__ascend_patch_import_rule__", False) is True
 
