@@ -210,6 +210,33 @@ def test_a_name_read_only_after_import_fails_at_installation(make_package: Packa
     assert sys.modules is modules
 
 
+def test_an_engine_module_under_another_name_is_refused_by_apply_itself() -> None:
+    """A library may register a module in sys.modules under a name of its own (six.moves
+    does). Declared before that, ``<alias>.register_at_fork`` cannot be read; apply()
+    then finds the slot at once, in the batch of patches it installs directly, and
+    still refuses it -- while the other patches of the batch apply."""
+    alias = "_ap_engine_alias_os"
+    fork_hook, environ, dumps = os.register_at_fork, os.environ, json.dumps
+    patcher = Patcher().add(
+        AtomicPatch(f"{alias}.register_at_fork", replacement),
+        AtomicPatch(f"{alias}.environ", {"PATH": "/nowhere"}),
+        AtomicPatch("json.dumps", replacement),
+    )
+    sys.modules[alias] = os
+    try:
+        report = patcher.apply()
+        assert os.register_at_fork is fork_hook and os.environ is environ
+        assert json.dumps is replacement
+        for name in ("register_at_fork", "environ"):
+            record = report.get(f"{alias}.{name}")
+            assert record.status is Status.FAILED
+            assert f"(that is os.{name})" in str(record.reason)
+    finally:
+        patcher.revert()
+        del sys.modules[alias]
+    assert os.register_at_fork is fork_hook and json.dumps is dumps
+
+
 def test_in_strict_mode_the_import_that_reaches_an_engine_target_raises(
     make_package: PackageFactory,
 ) -> None:
