@@ -132,6 +132,25 @@ def test_package_has_init_plugin_and_groups(plugin_dir: Path) -> None:
 
 
 @plugin_dirs
+def test_plugin_names_the_libraries_it_serves(plugin_dir: Path) -> None:
+    """Every plugin, the template first, says which distributions its groups patch
+    (group ``ascend_patch.serves``, each entry naming its plugin module): without it a
+    plugin is imported by every apply(), whatever is installed (docs/core.md, Idle plugins)."""
+    pyproject = (plugin_dir / "pyproject.toml").read_text(encoding="utf-8")
+    section = pyproject.split('[project.entry-points."ascend_patch.serves"]', 1)
+    assert len(section) == 2, (
+        f'{plugin_dir.name}: no [project.entry-points."ascend_patch.serves"] naming the '
+        "libraries it patches (docs/plugin-authors.md)"
+    )
+    module = f"{package_of(plugin_dir).name}.plugin"
+    entries = re.findall(r'^([\w.-]+) = "([\w.]+)"$', section[1].split("\n[", 1)[0], re.M)
+    assert entries, f"{plugin_dir.name}: ascend_patch.serves lists no library"
+    assert {target for _, target in entries} == {module}, (
+        f"{plugin_dir.name}: every ascend_patch.serves entry names {module!r}"
+    )
+
+
+@plugin_dirs
 def test_plugin_module_imports_only_the_core_and_groups(plugin_dir: Path) -> None:
     package = package_of(plugin_dir)
     tree = parse(package / "plugin.py")
