@@ -10,10 +10,7 @@ someone else changed after we patched it is left alone and reported, never overw
 from __future__ import annotations
 
 from collections.abc import Callable
-from collections.abc import Collection
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
-from typing import Any
 
 from .._model.report import APPLIED
 from .._model.report import PENDING
@@ -21,12 +18,9 @@ from .._model.report import REVERTED
 from .._model.report import SKIPPED
 from ..imports._hub import hub
 from .entries import NOT_APPLIED
-from .entries import Entry
 from .entries import Site
+from .late_holders import restore_late_holders
 from .layers import take_out
-from .stale import find_holders
-from .stale import loaded_modules
-from .stale import own_modules
 from .watches import unwatch_all
 
 
@@ -36,7 +30,7 @@ if TYPE_CHECKING:
     from .settings import Session
 
 
-__all__ = ["restore_late_holders", "restore_site", "revert_all", "undo_entries"]
+__all__ = ["restore_site", "revert_all", "undo_entries"]
 
 
 def restore_site(site: Site, warn: Callable[[str], None]) -> None:
@@ -46,53 +40,6 @@ def restore_site(site: Site, warn: Callable[[str], None]) -> None:
     on it, that patch now stands on it instead (``_install.layers``).
     """
     take_out((site,), warn)
-
-
-def restore_late_holders(log: Collection[Site], entries: Iterable[Entry]) -> None:
-    """Give back the original to modules that imported a replacement while it was applied.
-
-    ``from x import f`` executed after the patch binds the replacement; without this,
-    such modules would keep it after revert() and the undo would not be exact. Only
-    modules loaded after an installation can hold it that way, so only they are
-    searched (for a patcher whose imports all happened before apply(), none).
-    """
-    # First the snapshots alone: most reverts come while every module was loaded
-    # before the installs, and then there is nothing to search for.
-    installs = [
-        (site.slot, inner, modules_before)
-        for site in log
-        if site.slot is not None and site.slot.kind == "module" and site.slot.own
-        for inner, modules_before in site.history()
-        if callable(inner)
-    ]
-    if not installs:
-        return
-    snapshots = {id(before): before for _, _, before in installs}
-    # One snapshot object serves every install made while sys.modules did not change:
-    # the modules to search are those missing from at least one snapshot.
-    common = frozenset.intersection(*snapshots.values())
-    loaded = loaded_modules()
-    candidates = {name: m for name, m in loaded.items() if m is not None and id(m) not in common}
-    if not candidates:
-        return
-    # replaced object id -> (object, original raw, ids of modules loaded before it went in)
-    wanted: dict[int, tuple[Any, Any, frozenset[int]]] = {
-        id(inner): (inner, slot.raw, before) for slot, inner, before in installs
-    }
-    slots = {(id(site.slot.owner), site.slot.key) for site in log if site.slot is not None}
-    holders = find_holders(
-        {key: value[0] for key, value in wanted.items()},
-        set(),
-        own_modules(entries),
-        modules=candidates,
-    )
-    for key, found in holders.items():
-        installed, original, modules_before = wanted[key]
-        for module, name in found:
-            if id(module) in modules_before or (id(module), name) in slots:
-                continue  # loaded before the install, or the patched slot itself
-            if vars(module).get(name) is installed:
-                setattr(module, name, original)
 
 
 def revert_all(ledger: Ledger, installer: InstallState, sessions: list[Session]) -> None:
