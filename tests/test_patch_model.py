@@ -26,6 +26,7 @@ from ascend_patch_core import AtomicPatch
 from ascend_patch_core import LegacyPatch
 from ascend_patch_core import Patch
 from ascend_patch_core import PatchConflictError
+from ascend_patch_core import PatchDefinitionError
 from ascend_patch_core import Patcher
 from ascend_patch_core import PatchError
 from ascend_patch_core import Report
@@ -1298,3 +1299,20 @@ def test_add_tells_import_rules_from_patches_by_their_class() -> None:
         patcher.revert()
     assert json.dumps({}) == "{}"
     assert "_ap_rule_sorted_pkg" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [("create", "no"), ("create", "False"), ("create", 2), ("rebind", "yes"), ("rebind", [])],
+)
+def test_a_switch_of_atomic_patch_takes_true_or_false_only(keyword: str, value: object) -> None:
+    # bool("no") is True: create="no" used to make the slot it was meant not to.
+    with pytest.raises(PatchDefinitionError, match=f"{keyword} must be True or False"):
+        AtomicPatch("json.dumps", json.dumps, **{keyword: value})
+
+
+def test_a_switch_of_atomic_patch_takes_the_usual_spellings() -> None:
+    assert AtomicPatch("json.dumps", json.dumps, create=1).create is True
+    assert AtomicPatch("json.dumps", json.dumps, create=None).create is False
+    assert AtomicPatch("json.dumps", json.dumps, rebind=0).rebind is False
+    assert AtomicPatch("json.dumps", json.dumps).rebind is None

@@ -145,8 +145,10 @@ class AtomicPatch:
         self.requires = normalize_requires(requires, where)
         self.after = _names(after, "after", where)
         self.after_import = _names(after_import, "after_import", where)
+        _check_switch(create, "create", where)
+        _check_switch(rebind, "rebind", where)
         self.create = bool(create)
-        self.rebind = rebind
+        self.rebind = None if rebind is None else bool(rebind)
         self.name = name or target
         if name is not None:
             where = f"AtomicPatch({target!r}, name={name!r})"
@@ -408,6 +410,16 @@ def is_import_rule(obj: object) -> bool:
     if cls is AtomicPatch or cls is type:
         return False
     return getattr(cls, "__ascend_patch_import_rule__", False) is True
+
+
+def _check_switch(value: object, flag: str, where: str) -> None:
+    """A switch is True, False or None (default), not any value: ``create="no"`` was True."""
+    try:
+        ok = value is None or (not isinstance(value, (str, bytes)) and value in (True, False))
+    except Exception:  # an array's ambiguous truth, a broken __eq__
+        ok = False
+    if not ok:
+        raise PatchDefinitionError(f"{where}: {flag} must be True or False, got {value!r}")
 
 
 #: What _keyword_names answers for a callable taking ``**kwargs``.
