@@ -562,6 +562,16 @@ def test_replace_import_failing_factory_raises_import_rule_error(patcher: Patche
     assert available is False
 
 
+def test_replace_import_factory_of_the_wrong_signature_is_told_how_it_is_called(
+    patcher: Patcher,
+) -> None:
+    name = _absent()
+    patcher.replace_import(name, lambda: types.ModuleType("made"))
+    with pytest.raises(ImportRuleError, match=rf"a factory is called as factory\('{name}'\)"):
+        importlib.import_module(name)
+    assert name not in sys.modules
+
+
 def test_replace_import_factory_returning_garbage_fails(patcher: Patcher) -> None:
     """A factory returning neither a module nor a mapping is a FAILED rule and an ImportRuleError."""
     name = _absent()
@@ -1046,6 +1056,34 @@ def test_run_module_of_a_watched_module(make_package: PackageFactory, patcher: P
     assert b"RESULT = 6 * 7" in result["DATA"]
     spec = result["__spec__"]
     assert spec.name == f"{pkg}.main"
+
+
+def test_two_rules_for_one_module_say_which_serves_it(make_package: PackageFactory) -> None:
+    """The last rule declared for a module serves it; the other one says so (it stayed
+    "pending" for ever, silently), and the one serving it warns of the other."""
+    pkg = make_package({"sub/__init__.py": "def g():\n    return 'real'\n", "alt.py": "X = 1\n"})
+    for two_patchers in (False, True):
+        first = Patcher(autoload=False).skip_import(f"{pkg}.sub")
+        second = first if not two_patchers else Patcher(autoload=False)
+        second.replace_import(f"{pkg}.sub", f"{pkg}.alt")
+        try:
+            first.apply()
+            second.apply()
+            module = importlib.import_module(f"{pkg}.sub")
+            assert module.X == 1 and not is_stub(module)
+            skip = next(r for r in first.report.records if r.name.startswith("skip"))
+            replace = next(r for r in second.report.records if r.name.startswith("replace"))
+            assert skip.status is Status.SKIPPED
+            assert skip.reason == (
+                f"superseded: replace {pkg}.sub -> {pkg}.alt serves {pkg}.sub now: "
+                "keep one of the two rules"
+            )
+            assert replace.status is Status.APPLIED
+            assert replace.warnings == [f"skip {pkg}.sub was declared too; {skip.reason[12:]}"]
+        finally:
+            second.revert()
+            first.revert()
+        assert f"{pkg}.sub" not in sys.modules
 
 
 def test_hub_leaves_meta_path_when_the_last_rule_goes(make_package: PackageFactory) -> None:

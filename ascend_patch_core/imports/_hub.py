@@ -190,14 +190,19 @@ class ImportHub:
                         del self._watches[handle.module]
             self._maybe_uninstall()
 
-    def serve(self, module: str, rule: ServedModule, *, subtree: bool = False) -> None:
-        """Serve imports of ``module`` (and, with ``subtree``, of its submodules) from ``rule``."""
+    def serve(
+        self, module: str, rule: ServedModule, *, subtree: bool = False
+    ) -> ServedModule | None:
+        """Serve imports of ``module`` (and, with ``subtree``, of its submodules) from ``rule``;
+        return the rule that served it until now, if another did."""
         with self._lock:
+            displaced = self._served.get(module)
             self._served[module] = rule
             if subtree:
                 self._served_trees[module] = rule
                 self._recompute_roots()
             self._ensure_installed()
+        return displaced if displaced is not rule else None
 
     def unserve(self, module: str, rule: ServedModule) -> None:
         with self._lock:

@@ -116,13 +116,18 @@ class _ServedRule(ImportRule):
                 Status.SKIPPED, f"{self.module} was already imported; the rule cannot take effect"
             )
             return
-        hub.serve(self.module, self, subtree=self.subtree)
+        displaced = hub.serve(self.module, self, subtree=self.subtree)
         if "." in self.module and not self.when_missing:
             from ._rule_parents import MissingParents
 
             self._parents = MissingParents(self.module)
         when = ", if no real one is installed" if self.when_missing else ""
         record.set(Status.PENDING, f"takes effect when {self.module} is imported{when}")
+        if isinstance(displaced, _ServedRule):  # two rules for one module: the last serves it
+            why = f"{self.describe()} serves {self.module} now: keep one of the two rules"
+            if displaced.record is not None and displaced.record.status is Status.PENDING:
+                displaced.record.set(Status.SKIPPED, f"superseded: {why}")
+            record.warnings.append(f"{displaced.describe()} was declared too; {why}")
         parent = self.module.rpartition(".")[0]
         if parent and parent in sys.modules:
             self._parent_imported(sys.modules[parent])
@@ -384,7 +389,12 @@ class ReplaceImport(_ServedRule):
                 factory = (
                     _load_factory(replacement) if isinstance(replacement, str) else replacement
                 )
-                made = factory(fullname)
+                try:
+                    made = factory(fullname)
+                except TypeError as exc:  # most often the signature: say what it is called with
+                    raise TypeError(
+                        f"{exc} (a factory is called as factory({fullname!r}))"
+                    ) from exc
                 if isinstance(made, types.ModuleType):
                     if made.__name__ != fullname:
                         placeholder = types.ModuleType(fullname)
