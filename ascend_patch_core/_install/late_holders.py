@@ -14,7 +14,8 @@ gets the original back when
   the patched slots, the core, the plugin that declared the patch and the script,
   ``__main__``), and it is not the object's own name in the module that defines it.
 
-Otherwise it is left as it is, and the patch's record says so.
+Otherwise it is left as it is; when another module holds the object, the patch's
+record names it.
 """
 
 from __future__ import annotations
@@ -28,16 +29,14 @@ from typing import Any
 
 from .entries import Entry
 from .entries import Site
+from .stale import UNTRACED
+from .stale import declaring_packages
 from .stale import find_holders
 from .stale import loaded_modules
 from .stale import own_modules
 
 
 __all__ = ["restore_late_holders"]
-
-#: Values too common to trace by identity (small ints, strings, None ...): many modules
-#: hold them for themselves, as report_stale also assumes.
-_ATOMS = (types.ModuleType, int, float, str, bytes, bool, type(None))
 
 Holder = tuple[types.ModuleType, str]
 
@@ -68,7 +67,7 @@ def restore_late_holders(log: Collection[Site], entries: Iterable[Entry]) -> Non
         id(before): before
         for site in sites
         for inner, before in site.history()
-        if not isinstance(inner, _ATOMS)
+        if not isinstance(inner, UNTRACED)
     }
     if not snapshots:
         return
@@ -85,7 +84,7 @@ def restore_late_holders(log: Collection[Site], entries: Iterable[Entry]) -> Non
         slot = site.slot
         assert slot is not None
         for inner, before in site.history():
-            if not isinstance(inner, _ATOMS):
+            if not isinstance(inner, UNTRACED):
                 objects[id(inner)] = inner
                 installs.setdefault(id(inner), []).append(
                     _Install(site.entry, slot.key, slot.raw, before)
@@ -152,40 +151,19 @@ def _held_before(
     """For each object: a ``module.name`` holding it that was loaded before its installs,
     outside the patched slots, their rebound holders, the core and the declaring plugins."""
     found: dict[int, str] = {}
-    for name, value in vars(builtins).items():
+    for name, value in vars(builtins).items():  # find_holders leaves builtins out
         if id(value) in undecided and value is objects[id(value)]:
             found.setdefault(id(value), f"builtins.{name}")
-    # The script (__main__) defines replacements, but modules seldom import from it.
-    ours = {"ascend_patch_core", "__main__"}
-    for entry in entries:
-        if entry.provenance.entry_point:
-            value = entry.provenance.entry_point.partition("=")[2].strip()
-            ours.add(value.partition(":")[0].partition(".")[0])
+    wanted = {key: objects[key] for key in undecided if key not in found}
+    if not wanted:
+        return found
     skip = slots | {(id(m), n) for e in entries for m, n, _ in (e.rebinds or ())}
-    before = {
-        key: frozenset.intersection(*(install.before for _, install in holders))
-        for key, holders in undecided.items()
-        if key not in found
-    }
-    for module_name, module in loaded.items():
-        if not before:
-            break
-        if module is None or module_name.partition(".")[0] in ours:
-            continue
-        try:
-            namespace = vars(module).copy()  # one C call, as in find_holders
-        except TypeError:
-            continue
-        if before.keys().isdisjoint(map(id, namespace.values())):
-            continue
-        for name, value in namespace.items():
-            key = id(value)
-            if (
-                key in before
-                and value is objects[key]
-                and id(module) in before[key]
-                and (id(module), name) not in skip
-            ):
-                found[key] = f"{module_name}.{name}"
-                del before[key]
+    # The script (__main__) defines replacements, but modules seldom import from it.
+    ours = declaring_packages(entries) | {"__main__"}
+    for key, holders in find_holders(wanted, set(), ours, modules=loaded).items():
+        before = frozenset.intersection(*(install.before for _, install in undecided[key]))
+        for module, name in holders:
+            if id(module) in before and (id(module), name) not in skip:
+                found[key] = f"{module.__name__}.{name}"
+                break
     return found

@@ -23,7 +23,29 @@ if TYPE_CHECKING:
     from .entries import Entry
 
 
-__all__ = ["find_holders", "loaded_modules", "module_ids", "own_modules", "report_stale"]
+__all__ = [
+    "UNTRACED",
+    "declaring_packages",
+    "find_holders",
+    "loaded_modules",
+    "module_ids",
+    "own_modules",
+    "report_stale",
+]
+
+#: Values too common to trace by identity (modules, small numbers, strings, None):
+#: many modules hold them for themselves.
+UNTRACED = (types.ModuleType, int, float, str, bytes, bool, type(None))
+
+
+def declaring_packages(entries: Iterable[Entry]) -> set[str]:
+    """The core and the top-level package of each plugin that declared one of ``entries``."""
+    names = {"ascend_patch_core"}
+    for entry in entries:
+        if entry.provenance.entry_point:
+            value = entry.provenance.entry_point.partition("=")[2].strip()
+            names.add(value.partition(":")[0].partition(".")[0])
+    return names
 
 
 def own_modules(entries: Iterable[Entry]) -> list[str]:
@@ -33,7 +55,8 @@ def own_modules(entries: Iterable[Entry]) -> list[str]:
     plugin that declared the patch: a plugin keeping ``_orig = torch.zeros`` for its
     fallback must never be rebound to the replacement (that would recurse).
     """
-    names = {"ascend_patch_core"}
+    entries = list(entries)
+    names = declaring_packages(entries)
     for entry in entries:
         target_module = entry.patch.path.root
         for obj in (entry.new_inner, entry.patch.replacement):
@@ -46,9 +69,6 @@ def own_modules(entries: Iterable[Entry]) -> list[str]:
             package = module.rpartition(".")[0]
             if package and package.partition(".")[0] != target_module:
                 names.add(package)
-        if entry.provenance.entry_point:
-            value = entry.provenance.entry_point.partition("=")[2].strip()
-            names.add(value.partition(":")[0].partition(".")[0])
     return sorted(names)
 
 
@@ -169,7 +189,7 @@ def report_stale(entries: list[Entry], rebind_stale: bool) -> None:
         and e.slot is not None
         and e.slot.kind == "module"
         and e.original is not None
-        and not isinstance(e.original, (types.ModuleType, int, float, str, bool))
+        and not isinstance(e.original, UNTRACED)
     ]
     if not candidates:
         return
